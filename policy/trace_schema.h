@@ -1,0 +1,114 @@
+// The one description of the trace format, shared by the writer (policy/trace_writer.*) and the
+// reader (policy/trace_reader.*). docs/trace-format.md documents it; a test checks the two agree.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+
+namespace cupool::trace {
+
+// A reader accepts any minor version of its major version and refuses a newer major.
+inline constexpr int kFormatMajor = 1;
+inline constexpr int kFormatMinor = 0;
+inline constexpr std::string_view kFormatName = "cupool-trace";
+
+// What happened. One program-visible allocation is exactly one `alloc` event, whatever path it
+// took; pool-internal work (grow, release, fence) has events of its own.
+enum class EventKind : std::uint8_t {
+  alloc = 0,      // the program got memory (or was refused: rc != 0)
+  free,           // the program gave memory back
+  mem_info,       // cudaMemGetInfo / cuMemGetInfo_v2 answered
+  vmm_create,     // cuMemCreate: physical memory (counts against the cap)
+  vmm_release,    // cuMemRelease
+  vmm_map,        // cuMemMap
+  vmm_unmap,      // cuMemUnmap
+  va_reserve,     // cuMemAddressReserve (address space only)
+  va_free,        // cuMemAddressFree
+  grow,           // the pool took a chunk from the driver
+  release,        // the pool gave a chunk back to the driver
+  fence_retired,  // a deferred-free fence retired and its blocks became reusable
+  oom,            // an allocation was refused; `oom_class` says why
+  device,         // first sight of a device: name and total memory
+  context_reset,  // a context went away (cudaDeviceReset, cuCtxDestroy...): its pool is dropped
+  count_
+};
+inline constexpr std::array<std::string_view, static_cast<int>(EventKind::count_)> kEventKindNames = {
+    "alloc", "free", "mem_info", "vmm_create", "vmm_release", "vmm_map", "vmm_unmap",
+    "va_reserve", "va_free", "grow", "release", "fence_retired", "oom", "device", "context_reset"};
+
+// How the call reached cupool.
+enum class Path : std::uint8_t {
+  none = 0,      // pool-internal events
+  symbol,        // the exported symbol itself (dynamic linking, LD_PRELOAD interposition)
+  dlsym,         // a pointer cupool handed out from dlsym()
+  proc_address,  // a pointer from cuGetProcAddress / cuGetProcAddress_v2
+  entry_point,   // a pointer from cudaGetDriverEntryPoint[ByVersion]
+  count_
+};
+inline constexpr std::array<std::string_view, static_cast<int>(Path::count_)> kPathNames = {
+    "none", "symbol", "dlsym", "proc-address", "entry-point"};
+
+// Why an allocation was refused.
+enum class OomClass : std::uint8_t {
+  none = 0,
+  limit,          // CUPOOL_LIMIT would be exceeded
+  fragmentation,  // the pool holds enough free bytes, but no block large enough
+  device,         // the driver itself is out of memory
+  count_
+};
+inline constexpr std::array<std::string_view, static_cast<int>(OomClass::count_)> kOomClassNames = {
+    "none", "limit", "fragmentation", "device"};
+
+// Pool state attached to pool-served events (all zero, and omitted from the line, otherwise).
+struct PoolState {
+  std::uint64_t reserved = 0;      // bytes the pool holds from the driver
+  std::uint64_t in_use = 0;        // bytes handed to the program (rounded sizes)
+  std::uint64_t largest_free = 0;  // the largest block that could be handed out now
+  std::uint64_t quarantined = 0;   // freed bytes waiting for a fence (deferred free)
+  std::uint32_t free_blocks = 0;   // number of free blocks
+};
+
+// One event as the hot path records it: plain data, no heap, formatted later by the writer.
+struct Record {
+  std::uint64_t t_ns = 0;      // CLOCK_MONOTONIC
+  std::uint64_t dur_ns = 0;    // how long the call took (the real driver call, or the pool)
+  std::uint64_t size = 0;      // bytes asked for (or chunk size for grow/release)
+  std::uint64_t ptr = 0;       // device address (or VMM handle for vmm_create/vmm_release)
+  std::uint64_t stream = 0;    // stream handle, where the API has one
+  const char* api = nullptr;   // static string: the API name ("cudaMalloc", "cuMemAlloc_v2")
+  PoolState pool{};
+  std::int32_t rc = 0;         // the CUDA result code returned to the caller
+  std::uint32_t tid = 0;       // kernel thread id
+  std::int16_t device = -1;    // device ordinal, -1 when unknown
+  EventKind kind = EventKind::alloc;
+  Path path = Path::none;
+  OomClass oom_class = OomClass::none;
+  bool has_stream = false;
+  bool has_pool = false;
+};
+
+// JSON keys, used by writer and reader alike.
+namespace key {
+inline constexpr std::string_view type = "type";  // "header", "event", "footer"
+inline constexpr std::string_view t = "t";
+inline constexpr std::string_view tid = "tid";
+inline constexpr std::string_view ev = "ev";
+inline constexpr std::string_view api = "api";
+inline constexpr std::string_view path = "path";
+inline constexpr std::string_view dev = "dev";
+inline constexpr std::string_view size = "size";
+inline constexpr std::string_view ptr = "ptr";
+inline constexpr std::string_view stream = "stream";
+inline constexpr std::string_view rc = "rc";
+inline constexpr std::string_view dur = "dur";
+inline constexpr std::string_view oom_class = "oom";
+inline constexpr std::string_view reserved = "reserved";
+inline constexpr std::string_view in_use = "in_use";
+inline constexpr std::string_view largest_free = "largest_free";
+inline constexpr std::string_view quarantined = "quarantined";
+inline constexpr std::string_view free_blocks = "free_blocks";
+inline constexpr std::string_view name = "name";  // device events: device name (text field)
+}  // namespace key
+
+}  // namespace cupool::trace

@@ -1,0 +1,48 @@
+// The upstream interface: how a pool sees device memory. The shim implements it with the
+// real CUDA driver (shim/driver_upstream.cpp); test/ and the replay tool implement it with a
+// simulated device (policy/sim_upstream.h). The pool knows nothing of CUDA.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace cupool {
+
+enum class UpstreamStatus : std::uint8_t {
+  ok = 0,
+  out_of_memory,  // the device itself has no room
+  error,          // anything else (lost context, driver shut down)
+};
+
+// A fence is a marker placed after all device work issued so far; once it has retired,
+// memory freed before it was placed may be reused. 0 means "no fence".
+using FenceId = std::uint64_t;
+
+class Upstream {
+ public:
+  virtual ~Upstream() = default;
+
+  // Take `bytes` of device memory (a chunk). On success writes its base address.
+  // `driver_code` receives the native error code for the trace (0 on success).
+  virtual UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) = 0;
+  // Give a whole chunk back. Called only with a base and size that reserve() returned.
+  virtual void release(std::uint64_t base, std::size_t bytes) = 0;
+
+  // Total device memory and what the driver reports free, for memory info and percentages.
+  virtual void device_memory(std::size_t* total, std::size_t* free) = 0;
+
+  // Wait for all device work issued so far (what cudaFree itself does).
+  virtual void synchronize() = 0;
+
+  // Deferred frees. True once the process has created any stream of its own: before that,
+  // all work runs in one stream and stream order alone makes reuse safe.
+  virtual bool needs_fences() = 0;
+  // Place a fence after all work issued so far on every stream the process uses.
+  virtual FenceId place_fence() = 0;
+  // Non-blocking: has the fence retired? A retired fence is forgotten by the upstream.
+  virtual bool fence_retired(FenceId fence) = 0;
+  // Blocking: wait until the fence retires (then it is forgotten).
+  virtual void wait_fence(FenceId fence) = 0;
+};
+
+}  // namespace cupool
