@@ -1,0 +1,631 @@
+#include "options.h"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <limits>
+
+namespace cupool {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\n' || s.back() == '\r'))
+    s.remove_suffix(1);
+  return s;
+}
+
+char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (lower(a[i]) != lower(b[i])) return false;
+  return true;
+}
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// A decimal number "123", "1.5", ".5": integer part and fraction digits, exactly.
+struct Decimal {
+  std::uint64_t integer = 0;
+  std::uint64_t fraction = 0;   // the digits after the point, as an integer
+  std::uint64_t fraction_scale = 1;  // 10^(number of fraction digits kept)
+  bool has_fraction() const { return fraction != 0; }
+};
+
+// Consumes a decimal number from the front of `s`. False if there is none or it overflows.
+bool take_decimal(std::string_view& s, Decimal& d, std::string& why) {
+  std::size_t i = 0;
+  bool any = false;
+  while (i < s.size() && is_digit(s[i])) {
+    if (__builtin_mul_overflow(d.integer, 10u, &d.integer) ||
+        __builtin_add_overflow(d.integer, static_cast<std::uint64_t>(s[i] - '0'), &d.integer)) {
+      why = "the number is too large";
+      return false;
+    }
+    ++i;
+    any = true;
+  }
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    while (i < s.size() && is_digit(s[i])) {
+      if (d.fraction_scale < 1'000'000'000'000'000ull) {  // 18 digits is more than any unit needs
+        d.fraction = d.fraction * 10 + static_cast<std::uint64_t>(s[i] - '0');
+        d.fraction_scale *= 10;
+      }
+      ++i;
+      any = true;
+    }
+  }
+  if (!any) return false;
+  s.remove_prefix(i);
+  return true;
+}
+
+// value * unit, exactly, rounded down. False on overflow.
+bool scale(const Decimal& d, std::uint64_t unit, std::uint64_t& out) {
+  std::uint64_t whole;
+  if (__builtin_mul_overflow(d.integer, unit, &whole)) return false;
+  const auto part = static_cast<std::uint64_t>(static_cast<unsigned __int128>(d.fraction) * unit / d.fraction_scale);
+  return !__builtin_add_overflow(whole, part, &out);
+}
+
+constexpr std::string_view kSizeAccepted =
+    "bytes, or a number (fractions allowed) with B, K, KB, KiB, M, MB, MiB, G, GB, GiB, T, TB, TiB "
+    "(all 1024-based)";
+
+// "8GiB", "1.5G", "4096", "64 MiB". KB/MB/GB/TB are binary, like K and KiB: GPU memory is
+// reported in binary units everywhere (nvidia-smi, cudaMemGetInfo totals).
+bool parse_size(std::string_view v, std::uint64_t& out, std::string& why) {
+  v = trim(v);
+  Decimal d;
+  if (!take_decimal(v, d, why)) {
+    if (why.empty()) why = "not a number";
+    return false;
+  }
+  const std::string_view suffix = trim(v);
+  struct Unit { std::string_view name; std::uint64_t bytes; };
+  static constexpr Unit kUnits[] = {
+      {"", 1},          {"b", 1},
+      {"k", 1ull << 10}, {"kb", 1ull << 10}, {"kib", 1ull << 10},
+      {"m", 1ull << 20}, {"mb", 1ull << 20}, {"mib", 1ull << 20},
+      {"g", 1ull << 30}, {"gb", 1ull << 30}, {"gib", 1ull << 30},
+      {"t", 1ull << 40}, {"tb", 1ull << 40}, {"tib", 1ull << 40},
+  };
+  for (const auto& u : kUnits) {
+    if (!iequals(suffix, u.name)) continue;
+    if (u.bytes == 1 && d.has_fraction()) {
+      why = "a byte count must be a whole number";
+      return false;
+    }
+    if (!scale(d, u.bytes, out)) {
+      why = "the size is too large";
+      return false;
+    }
+    return true;
+  }
+  why = fmt::format("unknown unit \"{}\"", suffix);
+  return false;
+}
+
+// "50%", "12.5%": 0 < p <= 100.
+bool parse_percent(std::string_view v, double& out, std::string& why) {
+  v = trim(v);
+  if (v.empty() || v.back() != '%') return false;
+  v = trim(v.substr(0, v.size() - 1));
+  double p = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), p, std::chars_format::fixed);
+  if (ec != std::errc() || end != v.data() + v.size() || v.empty() || !is_digit(v.front())) {
+    why = "not a percent";
+    return false;
+  }
+  if (!(p > 0 && p <= 100)) {
+    why = "a percent must be more than 0 and at most 100";
+    return false;
+  }
+  out = p;
+  return true;
+}
+
+bool parse_size_spec(std::string_view v, SizeSpec& out, std::string& why) {
+  v = trim(v);
+  if (!v.empty() && v.back() == '%') {
+    double p;
+    if (!parse_percent(v, p, why)) return false;
+    out = SizeSpec{0, p};
+    return true;
+  }
+  std::uint64_t b;
+  if (!parse_size(v, b, why)) return false;
+  if (b == 0) {
+    why = "must be more than 0";
+    return false;
+  }
+  out = SizeSpec{b, 0};
+  return true;
+}
+
+template <typename Enum, std::size_t N>
+std::optional<std::string> parse_enum(std::string_view v, const std::array<std::pair<std::string_view, Enum>, N>& names,
+                                      Enum& out) {
+  v = trim(v);
+  for (const auto& [name, value] : names)
+    if (iequals(v, name)) {
+      out = value;
+      return std::nullopt;
+    }
+  return std::string();
+}
+
+// ---- one parser per variable -----------------------------------------------------------------
+
+std::optional<std::string> parse_policy(std::string_view v, Config& c) {
+  static constexpr std::array<std::pair<std::string_view, PolicyKind>, 3> kNames{
+      {{"growth", PolicyKind::growth}, {"preallocate", PolicyKind::preallocate}, {"passthrough", PolicyKind::passthrough}}};
+  return parse_enum(v, kNames, c.policy);
+}
+
+std::optional<std::string> parse_free(std::string_view v, Config& c) {
+  static constexpr std::array<std::pair<std::string_view, FreeMode>, 2> kNames{
+      {{"sync", FreeMode::sync}, {"deferred", FreeMode::deferred}}};
+  return parse_enum(v, kNames, c.free_mode);
+}
+
+std::optional<std::string> parse_limit(std::string_view v, Config& c) {
+  LimitSpec limit;
+  std::string why;
+  std::size_t start = 0;
+  while (start <= v.size()) {
+    std::size_t comma = v.find(',', start);
+    if (comma == std::string_view::npos) comma = v.size();
+    const std::string_view item = trim(v.substr(start, comma - start));
+    start = comma + 1;
+    if (item.empty()) return std::string("empty entry between commas");
+    const std::size_t colon = item.find(':');
+    SizeSpec spec;
+    if (colon == std::string_view::npos) {
+      if (limit.all) return std::string("more than one value without a device prefix");
+      if (!parse_size_spec(item, spec, why)) return why;
+      limit.all = spec;
+      continue;
+    }
+    const std::string_view dev_text = trim(item.substr(0, colon));
+    int device = -1;
+    const auto [end, ec] = std::from_chars(dev_text.data(), dev_text.data() + dev_text.size(), device);
+    if (dev_text.empty() || ec != std::errc() || end != dev_text.data() + dev_text.size() || device < 0 ||
+        device > 1023)
+      return fmt::format("\"{}\" is not a device index (0 to 1023)", dev_text);
+    for (const auto& [d, s] : limit.per_device)
+      if (d == device) return fmt::format("device {} is given twice", device);
+    if (!parse_size_spec(item.substr(colon + 1), spec, why)) return fmt::format("device {}: {}", device, why);
+    limit.per_device.emplace_back(device, spec);
+  }
+  c.limit = std::move(limit);
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_preallocate(std::string_view v, Config& c) {
+  std::string why;
+  if (!parse_size_spec(v, c.preallocate, why)) return why;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_bool(std::string_view v, bool& out) {
+  v = trim(v);
+  if (iequals(v, "true") || v == "1") out = true;
+  else if (iequals(v, "false") || v == "0") out = false;
+  else return std::string();
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_preallocate_grow(std::string_view v, Config& c) {
+  return parse_bool(v, c.preallocate_grow);
+}
+
+std::optional<std::string> parse_chunk(std::string_view v, std::uint64_t& out) {
+  std::string why;
+  std::uint64_t b;
+  if (!parse_size(v, b, why)) return why;
+  if (b == 0) return std::string("must be more than 0");
+  out = b;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_growth_chunk(std::string_view v, Config& c) { return parse_chunk(v, c.growth_chunk); }
+std::optional<std::string> parse_growth_chunk_max(std::string_view v, Config& c) {
+  return parse_chunk(v, c.growth_chunk_max);
+}
+
+std::optional<std::string> parse_release(std::string_view v, Config& c) {
+  v = trim(v);
+  if (iequals(v, "never")) {
+    c.release_idle_ns.reset();
+    return std::nullopt;
+  }
+  Decimal d;
+  std::string why;
+  if (!take_decimal(v, d, why)) return why.empty() ? std::string("not a duration") : why;
+  const std::string_view unit = trim(v);
+  struct Unit { std::string_view name; std::uint64_t ns; };
+  static constexpr Unit kUnits[] = {{"ns", 1},
+                                    {"us", 1'000},
+                                    {"ms", 1'000'000},
+                                    {"s", 1'000'000'000},
+                                    {"m", 60'000'000'000},
+                                    {"min", 60'000'000'000},
+                                    {"h", 3'600'000'000'000}};
+  if (unit.empty()) return std::string("a duration needs a unit");
+  for (const auto& u : kUnits) {
+    if (!iequals(unit, u.name)) continue;
+    std::uint64_t ns;
+    if (!scale(d, u.ns, ns)) return std::string("the duration is too long");
+    c.release_idle_ns = ns;
+    return std::nullopt;
+  }
+  return fmt::format("unknown unit \"{}\"", unit);
+}
+
+std::optional<std::string> parse_trace(std::string_view v, Config& c) {
+  c.trace_path = std::string(v);
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_int_in(std::string_view v, std::uint64_t lo, std::uint64_t hi, std::uint64_t& out) {
+  v = trim(v);
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (v.empty() || ec == std::errc::result_out_of_range) return std::string("out of range");
+  if (ec != std::errc() || end != v.data() + v.size()) return std::string("not a whole number");
+  if (n < lo || n > hi) return std::string("out of range");
+  out = n;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_trace_flush_ms(std::string_view v, Config& c) {
+  std::uint64_t ms;
+  if (auto e = parse_int_in(v, 1, 60'000, ms)) return e;
+  c.trace_flush_ns = ms * 1'000'000;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_trace_buffer(std::string_view v, Config& c) {
+  std::uint64_t n;
+  if (auto e = parse_int_in(v, 16, 1u << 22, n)) return e;
+  c.trace_buffer_events = static_cast<std::uint32_t>(n);
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_log_level(std::string_view v, Config& c) {
+  v = trim(v);
+  for (std::string_view level : {"trace", "debug", "info", "warn", "error", "off"})
+    if (iequals(v, level)) {
+      c.log_level = std::string(level);
+      return std::nullopt;
+    }
+  return std::string();
+}
+
+std::size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string format_duration(std::uint64_t ns) {
+  struct Unit { std::string_view name; std::uint64_t ns; };
+  static constexpr Unit kUnits[] = {
+      {"h", 3'600'000'000'000}, {"m", 60'000'000'000}, {"s", 1'000'000'000}, {"ms", 1'000'000}, {"us", 1'000}};
+  if (ns == 0) return "0s";
+  for (const auto& u : kUnits)
+    if (ns % u.ns == 0) return fmt::format("{}{}", ns / u.ns, u.name);
+  return fmt::format("{}ns", ns);
+}
+
+void append_size_json(std::string& out, const SizeSpec& s) {
+  if (s.is_percent()) out += fmt::format("{{\"percent\":{}}}", s.percent);
+  else out += fmt::format("{{\"bytes\":{}}}", s.bytes);
+}
+
+constexpr std::string_view kPolicyNames[] = {"growth", "preallocate", "passthrough"};
+constexpr std::string_view kFreeNames[] = {"sync", "deferred"};
+
+}  // namespace
+
+// clang-format off
+const std::array<OptionInfo, kOptionCount> kOptions = {{
+  {"CUPOOL_POLICY", "enum", "growth", "growth, preallocate, passthrough",
+   "How device memory is managed: a pool that grows in chunks, one up-front reservation, or no pool (trace only).",
+   parse_policy},
+  {"CUPOOL_FREE", "enum", "sync", "sync, deferred",
+   "When freed memory may be reused: after a device synchronize (what cudaFree does), or once a fence placed at the free has retired.",
+   parse_free},
+  {"CUPOOL_LIMIT", "size or percent, per device", "none",
+   "a size (8GiB) or percent of device memory (50%); per device 0:8GiB,1:50%; an entry without a device prefix applies to the other devices (8GiB,1:4GiB)",
+   "The most device memory the process may hold on a device; beyond it allocations fail with out-of-memory.",
+   parse_limit},
+  {"CUPOOL_PREALLOCATE", "size or percent", "75%", "a size (12GiB) or percent of device memory (75%)",
+   "What the preallocate policy reserves on a device when it is first used (capped by CUPOOL_LIMIT).",
+   parse_preallocate},
+  {"CUPOOL_PREALLOCATE_GROW", "bool", "false", "true, false (or 1, 0)",
+   "May the preallocate policy take more chunks once its reservation is full (within CUPOOL_LIMIT)?",
+   parse_preallocate_grow},
+  {"CUPOOL_GROWTH_CHUNK", "size", "32MiB", kSizeAccepted,
+   "The first chunk the growth policy takes from the driver; each later chunk doubles, up to CUPOOL_GROWTH_CHUNK_MAX.",
+   parse_growth_chunk},
+  {"CUPOOL_GROWTH_CHUNK_MAX", "size", "512MiB", kSizeAccepted,
+   "The largest growth chunk; when unset and smaller than CUPOOL_GROWTH_CHUNK, it is raised to it.",
+   parse_growth_chunk_max},
+  {"CUPOOL_RELEASE", "duration", "never", "never, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
+   "Give a chunk back to the driver once it has been entirely free this long.",
+   parse_release},
+  {"CUPOOL_TRACE", "path", "unset (no trace)", "a file path; %p becomes the process id, %% a single %",
+   "Write a JSON Lines trace of every device allocation to this file (docs/trace-format.md).",
+   parse_trace},
+  {"CUPOOL_TRACE_FLUSH_MS", "integer (ms)", "100", "a whole number of milliseconds from 1 to 60000",
+   "The trace is written to the file at least this often, and when the process exits.",
+   parse_trace_flush_ms},
+  {"CUPOOL_TRACE_BUFFER", "integer (events)", "16384", "a whole number from 16 to 4194304 (rounded up to a power of two)",
+   "Trace events buffered per thread; when a thread's buffer is full, its events are counted as dropped.",
+   parse_trace_buffer},
+  {"CUPOOL_LOG_LEVEL", "enum", "info", "trace, debug, info, warn, error, off",
+   "The least severe message cupool writes to stderr.",
+   parse_log_level},
+}};
+// clang-format on
+
+std::variant<Config, OptionError> parse_options(const std::function<const char*(const char*)>& lookup) {
+  Config config;
+  bool chunk_max_set = false;
+  for (const OptionInfo& option : kOptions) {
+    const std::string name(option.name);
+    const char* raw = lookup(name.c_str());
+    if (raw == nullptr || *raw == '\0') continue;
+    const std::string_view value(raw);
+    if (auto why = option.parse(value, config)) {
+      std::string message = "cupool: " + name + "=";
+      append_json_string(message, value);
+      message += " is not valid";
+      if (!why->empty()) message += ": " + *why;
+      message += "; accepted: ";
+      message += option.accepted;
+      return OptionError{name, std::move(message)};
+    }
+    if (option.name == "CUPOOL_GROWTH_CHUNK_MAX") chunk_max_set = true;
+  }
+  if (config.growth_chunk_max < config.growth_chunk) {
+    if (!chunk_max_set) {
+      config.growth_chunk_max = config.growth_chunk;
+    } else {
+      std::string message = "cupool: CUPOOL_GROWTH_CHUNK_MAX=";
+      append_json_string(message, lookup("CUPOOL_GROWTH_CHUNK_MAX"));
+      message += fmt::format(" is not valid: it is less than CUPOOL_GROWTH_CHUNK ({}); accepted: a size at least CUPOOL_GROWTH_CHUNK",
+                             format_size(config.growth_chunk));
+      return OptionError{"CUPOOL_GROWTH_CHUNK_MAX", std::move(message)};
+    }
+  }
+  return config;
+}
+
+std::vector<std::string> unknown_variables(char** environ) {
+  std::vector<std::string> lines;
+  if (environ == nullptr) return lines;
+  std::string known;
+  for (const OptionInfo& option : kOptions) {
+    if (!known.empty()) known += ", ";
+    known += option.name;
+  }
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (entry.substr(0, 7) != "CUPOOL_") continue;
+    const std::string_view name = entry.substr(0, entry.find('='));
+    const auto it = std::find_if(kOptions.begin(), kOptions.end(), [&](const OptionInfo& o) { return o.name == name; });
+    if (it != kOptions.end()) continue;
+    std::string_view best;
+    std::size_t best_distance = 4;  // suggest only close misspellings
+    for (const OptionInfo& option : kOptions) {
+      const std::size_t d = edit_distance(name, option.name);
+      if (d < best_distance) {
+        best_distance = d;
+        best = option.name;
+      }
+    }
+    std::string line = fmt::format("unknown variable {} ignored", name);
+    if (!best.empty()) line += fmt::format(" (did you mean {}?)", best);
+    line += "; known: " + known;
+    lines.push_back(std::move(line));
+  }
+  return lines;
+}
+
+std::string format_size(std::uint64_t bytes) {
+  static constexpr std::pair<std::uint64_t, std::string_view> kUnits[] = {
+      {1ull << 40, "TiB"}, {1ull << 30, "GiB"}, {1ull << 20, "MiB"}, {1ull << 10, "KiB"}};
+  for (const auto& [unit, name] : kUnits)
+    if (bytes >= unit && bytes % unit == 0) return fmt::format("{}{}", bytes / unit, name);
+  return fmt::format("{}", bytes);
+}
+
+std::string format_size_spec(const SizeSpec& spec) {
+  return spec.is_percent() ? fmt::format("{}%", spec.percent) : format_size(spec.bytes);
+}
+
+std::string describe(const Config& c) {
+  std::string limit;
+  if (c.limit.all) limit = format_size_spec(*c.limit.all);
+  for (const auto& [d, s] : c.limit.per_device) {
+    if (!limit.empty()) limit += ',';
+    limit += fmt::format("{}:{}", d, format_size_spec(s));
+  }
+  if (limit.empty()) limit = "none";
+  return fmt::format(
+      "policy={} free={} limit={} preallocate={} preallocate_grow={} growth_chunk={} growth_chunk_max={} "
+      "release={} trace={} trace_flush_ms={} trace_buffer={} log={}",
+      kPolicyNames[static_cast<int>(c.policy)], kFreeNames[static_cast<int>(c.free_mode)], limit,
+      format_size_spec(c.preallocate), c.preallocate_grow, format_size(c.growth_chunk), format_size(c.growth_chunk_max),
+      c.release_idle_ns ? format_duration(*c.release_idle_ns) : std::string("never"),
+      c.trace_path.empty() ? std::string("off") : c.trace_path, c.trace_flush_ns / 1'000'000, c.trace_buffer_events,
+      c.log_level);
+}
+
+std::string config_json(const Config& c) {
+  std::string out = "{\"policy\":\"";
+  out += kPolicyNames[static_cast<int>(c.policy)];
+  out += "\",\"free\":\"";
+  out += kFreeNames[static_cast<int>(c.free_mode)];
+  out += "\",\"limit\":";
+  if (!c.limit.all && c.limit.per_device.empty()) {
+    out += "null";
+  } else {
+    out += "{\"all\":";
+    if (c.limit.all) append_size_json(out, *c.limit.all);
+    else out += "null";
+    out += ",\"devices\":{";
+    bool first = true;
+    for (const auto& [d, s] : c.limit.per_device) {
+      if (!first) out += ',';
+      first = false;
+      out += fmt::format("\"{}\":", d);
+      append_size_json(out, s);
+    }
+    out += "}}";
+  }
+  out += ",\"preallocate\":";
+  append_size_json(out, c.preallocate);
+  out += fmt::format(",\"preallocate_grow\":{},\"growth_chunk\":{},\"growth_chunk_max\":{},\"release_idle_ns\":",
+                     c.preallocate_grow, c.growth_chunk, c.growth_chunk_max);
+  out += c.release_idle_ns ? fmt::format("{}", *c.release_idle_ns) : std::string("null");
+  out += ",\"trace\":";
+  append_json_string(out, c.trace_path);
+  out += fmt::format(",\"trace_flush_ns\":{},\"trace_buffer_events\":{},\"log_level\":", c.trace_flush_ns,
+                     c.trace_buffer_events);
+  append_json_string(out, c.log_level);
+  out += '}';
+  return out;
+}
+
+std::string expand_trace_path(const std::string& pattern, pid_t pid) {
+  std::string out;
+  out.reserve(pattern.size() + 8);
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size()) {
+      if (pattern[i + 1] == 'p') {
+        out += std::to_string(pid);
+        ++i;
+        continue;
+      }
+      if (pattern[i + 1] == '%') {
+        out += '%';
+        ++i;
+        continue;
+      }
+    }
+    out += pattern[i];
+  }
+  return out;
+}
+
+std::optional<std::string> check_trace_path(const std::string& path) {
+  auto fail = [&](const std::string& why) {
+    std::string line = "cupool: CUPOOL_TRACE: cannot write the trace to ";
+    append_json_string(line, path);
+    return line + ": " + why;
+  };
+  if (path.empty()) return fail("the path is empty");
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? std::string(".") : slash == 0 ? std::string("/") : path.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return fail(fmt::format("directory \"{}\": {}", dir, std::strerror(errno)));
+  if (!S_ISDIR(st.st_mode)) return fail(fmt::format("\"{}\" is not a directory", dir));
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return fail("it is a directory");
+    if (::access(path.c_str(), W_OK) != 0) return fail(std::strerror(errno));
+    return std::nullopt;
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return fail(fmt::format("cannot create files in \"{}\": {}", dir, std::strerror(errno)));
+  return std::nullopt;
+}
+
+std::string options_markdown() {
+  auto cell = [](std::string_view s) {
+    std::string out;
+    for (char c : s) {
+      if (c == '|') out += '\\';
+      out += c;
+    }
+    return out;
+  };
+  std::string out = "| Variable | Type | Default | Accepted values | Meaning |\n|---|---|---|---|---|\n";
+  for (const OptionInfo& o : kOptions)
+    out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", o.name, cell(o.type), cell(o.default_text), cell(o.accepted),
+                       cell(o.meaning));
+  return out;
+}
+
+void append_json_string(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out += '"';
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const auto* end = p + s.size();
+  while (p < end) {
+    const unsigned char c = *p;
+    if (c < 0x80) {
+      switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        case '\b': out += "\\b"; break;
+        case '\f': out += "\\f"; break;
+        default:
+          if (c < 0x20 || c == 0x7f) {
+            out += "\\u00";
+            out += kHex[c >> 4];
+            out += kHex[c & 15];
+          } else {
+            out += static_cast<char>(c);
+          }
+      }
+      ++p;
+      continue;
+    }
+    // Multi-byte UTF-8: copy a well-formed sequence, replace anything else with U+FFFD.
+    std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
+    bool ok = n != 0 && static_cast<std::size_t>(end - p) >= n;
+    for (std::size_t i = 1; ok && i < n; ++i) ok = (p[i] & 0xc0) == 0x80;
+    if (ok && n == 3) {
+      const unsigned cp = ((c & 0x0fu) << 12) | ((p[1] & 0x3fu) << 6);
+      ok = cp >= 0x800 && !(cp >= 0xd800 && cp <= 0xdfff);
+    }
+    if (ok && n == 4) {
+      const unsigned cp = ((c & 0x07u) << 18) | ((p[1] & 0x3fu) << 12);
+      ok = cp >= 0x10000 && cp <= 0x10ffff;
+    }
+    if (!ok) {
+      out += "\xef\xbf\xbd";
+      ++p;
+      continue;
+    }
+    out.append(reinterpret_cast<const char*>(p), n);
+    p += n;
+  }
+  out += '"';
+}
+
+}  // namespace cupool

@@ -1,0 +1,84 @@
+// CUPOOL_* environment variables -> cupool::Config. Every variable is one row of kOptions: its
+// name, type, default, accepted values and meaning, and the function that parses it. The docs
+// (docs/options.md, README.md) are generated from the same table by options_markdown().
+//
+// Linked into libcupool.so: no nlohmann, no exceptions out of these functions.
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "config.h"
+
+namespace cupool {
+
+// Parses one value into `out`. Returns nothing on success, or why the value is wrong (may be
+// empty when "not one of the accepted values" says it all).
+using OptionParser = std::optional<std::string> (*)(std::string_view value, Config& out);
+
+struct OptionInfo {
+  std::string_view name;          // "CUPOOL_POLICY"
+  std::string_view type;          // "enum", "size", "size or percent", ...
+  std::string_view default_text;  // what an unset (or empty) variable means
+  std::string_view accepted;      // the accepted values, as shown in error messages and docs
+  std::string_view meaning;       // one line
+  OptionParser parse;
+};
+
+inline constexpr std::size_t kOptionCount = 12;
+extern const std::array<OptionInfo, kOptionCount> kOptions;
+
+// A configuration error: the process should refuse to start. `message` is one complete line,
+// prefixed "cupool: ", naming the variable, the value and what is accepted. It is meant to be
+// written to stderr as is (logging is not set up yet: its level is part of the configuration).
+struct OptionError {
+  std::string variable;
+  std::string message;
+};
+
+// `lookup(name)` returns the variable's value or nullptr (std::getenv fits). An empty value counts
+// as unset. Checks each variable, then the combinations (CUPOOL_GROWTH_CHUNK_MAX >= CHUNK).
+std::variant<Config, OptionError> parse_options(const std::function<const char*(const char*)>& lookup);
+
+// One warning per CUPOOL_* variable in `environ` that kOptions does not know, e.g.
+// `unknown variable CUPOOL_POLCY ignored (did you mean CUPOOL_POLICY?); known: CUPOOL_POLICY, ...`.
+// Lines carry no "cupool: " prefix: they are meant for log_warn().
+std::vector<std::string> unknown_variables(char** environ);
+
+// One line for the startup log: "policy=growth free=sync limit=none ... log=info".
+std::string describe(const Config& config);
+
+// The effective configuration as a JSON object (text), for the trace header. Sizes are bytes;
+// a percent is {"percent":50}; durations are nanoseconds; "never"/"none" are null.
+std::string config_json(const Config& config);
+
+// CUPOOL_TRACE: "%p" becomes the pid, "%%" a single '%'; anything else is kept.
+std::string expand_trace_path(const std::string& pattern, pid_t pid);
+
+// Can `path` (already expanded) be created or overwritten? Nothing when it can; otherwise one
+// complete line, prefixed "cupool: ", naming CUPOOL_TRACE and the reason. Creates nothing.
+std::optional<std::string> check_trace_path(const std::string& path);
+
+// The options reference: a Markdown table, one row per kOptions entry, ending with a newline.
+// README.md (between <!-- options:begin --> and <!-- options:end -->) and docs/options.md hold
+// exactly this text; a unit test checks it.
+std::string options_markdown();
+
+// Helpers shared with the trace writer and the tests.
+// "8GiB" when `bytes` is a whole number of a binary unit, else the plain number ("1000").
+std::string format_size(std::uint64_t bytes);
+// "50%" or "8GiB".
+std::string format_size_spec(const SizeSpec& spec);
+// Appends `s` as a JSON string literal (quotes included), escaping what JSON requires;
+// bytes that are not valid UTF-8 become U+FFFD so the output is always valid JSON.
+void append_json_string(std::string& out, std::string_view s);
+
+}  // namespace cupool
