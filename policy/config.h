@@ -10,6 +10,10 @@
 
 namespace cupool {
 
+// A process whose CUPOOL_* configuration is wrong exits with this status (EX_CONFIG) before
+// any of its own code runs.
+inline constexpr int kConfigErrorExitCode = 78;
+
 enum class PolicyKind : std::uint8_t { growth, preallocate, passthrough };
 enum class FreeMode : std::uint8_t { sync, deferred };
 

@@ -1,0 +1,150 @@
+#include "driver_upstream.h"
+
+#include "hook_table.h"
+
+namespace cupool::shim {
+
+const DriverCalls& driver() {
+  static const DriverCalls calls = [] {
+    DriverCalls c;
+    auto get = [](auto& slot, const char* name) {
+      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(driver_function(name));
+      return slot != nullptr;
+    };
+    c.ok = get(c.ctx_get_current, "cuCtxGetCurrent") & get(c.ctx_get_device, "cuCtxGetDevice") &
+           get(c.ctx_synchronize, "cuCtxSynchronize") & get(c.ctx_push, "cuCtxPushCurrent_v2") &
+           get(c.ctx_pop, "cuCtxPopCurrent_v2") & get(c.device_get_name, "cuDeviceGetName") &
+           get(c.device_total_mem, "cuDeviceTotalMem_v2") &
+           get(c.primary_ctx_retain, "cuDevicePrimaryCtxRetain") &
+           get(c.primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") &
+           get(c.event_create, "cuEventCreate") & get(c.event_record, "cuEventRecord") &
+           get(c.event_query, "cuEventQuery") & get(c.event_synchronize, "cuEventSynchronize") &
+           get(c.event_destroy, "cuEventDestroy_v2");
+    return c;
+  }();
+  return calls;
+}
+
+void StreamRegistry::created(CUcontext ctx, CUstream stream, unsigned flags) {
+  any_.store(true, std::memory_order_relaxed);
+  if (!(flags & CU_STREAM_NON_BLOCKING)) return;  // blocking streams are covered by the legacy stream
+  std::lock_guard lock(mutex_);
+  non_blocking_[stream] = ctx;
+}
+
+void StreamRegistry::destroyed(CUstream stream) {
+  std::lock_guard lock(mutex_);
+  non_blocking_.erase(stream);
+}
+
+std::vector<CUstream> StreamRegistry::non_blocking(CUcontext ctx) {
+  std::lock_guard lock(mutex_);
+  std::vector<CUstream> out;
+  for (const auto& [s, c] : non_blocking_)
+    if (c == ctx) out.push_back(s);
+  return out;
+}
+
+StreamRegistry& streams() {
+  static StreamRegistry* registry = new StreamRegistry;  // never destroyed: used until exit
+  return *registry;
+}
+
+DriverUpstream::DriverUpstream(CUcontext ctx, CUdevice device) : ctx_(ctx), device_(device) {}
+
+DriverUpstream::~DriverUpstream() {
+  if (detached_) return;
+  for (auto& [id, events] : fences_)
+    for (CUevent e : events) driver().event_destroy(e);
+  for (CUevent e : spare_events_) driver().event_destroy(e);
+}
+
+UpstreamStatus DriverUpstream::reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) {
+  if (detached_) return UpstreamStatus::error;
+  CUdeviceptr ptr = 0;
+  CUresult rc = CUPOOL_REAL(cuMemAlloc_v2)(&ptr, bytes);
+  *driver_code = rc;
+  if (rc == CUDA_SUCCESS) {
+    *base = ptr;
+    return UpstreamStatus::ok;
+  }
+  return rc == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
+}
+
+void DriverUpstream::release(std::uint64_t base, std::size_t) {
+  if (detached_) return;
+  CUPOOL_REAL(cuMemFree_v2)(static_cast<CUdeviceptr>(base));
+}
+
+void DriverUpstream::device_memory(std::size_t* total, std::size_t* free) {
+  *total = 0;
+  *free = 0;
+  if (detached_) return;
+  CUPOOL_REAL(cuMemGetInfo_v2)(free, total);
+}
+
+void DriverUpstream::synchronize() {
+  if (!detached_) driver().ctx_synchronize();
+}
+
+bool DriverUpstream::needs_fences() { return streams().any_created(); }
+
+FenceId DriverUpstream::place_fence() {
+  if (detached_) return 0;
+  std::vector<CUstream> targets = streams().non_blocking(ctx_);
+  // The legacy default stream waits for every blocking stream, so one event there covers them.
+  targets.push_back(CU_STREAM_LEGACY);
+  std::lock_guard lock(fence_mutex_);
+  std::vector<CUevent> events;
+  for (CUstream s : targets) {
+    CUevent e = nullptr;
+    if (!spare_events_.empty()) {
+      e = spare_events_.back();
+      spare_events_.pop_back();
+    } else if (driver().event_create(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+      continue;
+    }
+    if (driver().event_record(e, s) != CUDA_SUCCESS) {
+      spare_events_.push_back(e);
+      continue;
+    }
+    events.push_back(e);
+  }
+  FenceId id = next_fence_++;
+  fences_.emplace(id, std::move(events));
+  return id;
+}
+
+void DriverUpstream::forget_fence(FenceId fence) {
+  auto it = fences_.find(fence);
+  if (it == fences_.end()) return;
+  for (CUevent e : it->second) spare_events_.push_back(e);
+  fences_.erase(it);
+}
+
+bool DriverUpstream::fence_retired(FenceId fence) {
+  if (detached_) return true;
+  std::lock_guard lock(fence_mutex_);
+  auto it = fences_.find(fence);
+  if (it == fences_.end()) return true;
+  for (CUevent e : it->second)
+    if (driver().event_query(e) == CUDA_ERROR_NOT_READY) return false;
+  forget_fence(fence);
+  return true;
+}
+
+void DriverUpstream::wait_fence(FenceId fence) {
+  if (detached_) return;
+  std::vector<CUevent> events;
+  {
+    std::lock_guard lock(fence_mutex_);
+    auto it = fences_.find(fence);
+    if (it == fences_.end()) return;
+    events = it->second;
+  }
+  for (CUevent e : events) driver().event_synchronize(e);
+  std::lock_guard lock(fence_mutex_);
+  forget_fence(fence);
+}
+
+}  // namespace cupool::shim

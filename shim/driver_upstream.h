@@ -1,0 +1,77 @@
+// The Upstream of a pool on a real device: chunks from cuMemAlloc_v2, fences from CUDA events.
+#pragma once
+
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_api.h"
+#include "upstream.h"
+
+namespace cupool::shim {
+
+// The driver functions cupool calls itself, found once.
+struct DriverCalls {
+  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
+  decltype(&::cuCtxGetDevice) ctx_get_device = nullptr;
+  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
+  decltype(&::cuCtxPushCurrent_v2) ctx_push = nullptr;
+  decltype(&::cuCtxPopCurrent_v2) ctx_pop = nullptr;
+  decltype(&::cuDeviceGetName) device_get_name = nullptr;
+  decltype(&::cuDeviceTotalMem_v2) device_total_mem = nullptr;
+  decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
+  decltype(&::cuDevicePrimaryCtxRelease_v2) primary_ctx_release = nullptr;
+  decltype(&::cuEventCreate) event_create = nullptr;
+  decltype(&::cuEventRecord) event_record = nullptr;
+  decltype(&::cuEventQuery) event_query = nullptr;
+  decltype(&::cuEventSynchronize) event_synchronize = nullptr;
+  decltype(&::cuEventDestroy_v2) event_destroy = nullptr;
+  bool ok = false;  // every function above was found
+};
+const DriverCalls& driver();
+
+// The non-blocking streams the process has created (per context): a fence must cover them,
+// since the legacy default stream does not wait for them.
+class StreamRegistry {
+ public:
+  void created(CUcontext ctx, CUstream stream, unsigned flags);
+  void destroyed(CUstream stream);
+  bool any_created() const { return any_.load(std::memory_order_relaxed); }
+  std::vector<CUstream> non_blocking(CUcontext ctx);
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<CUstream, CUcontext> non_blocking_;
+  std::atomic<bool> any_{false};
+};
+StreamRegistry& streams();
+
+class DriverUpstream final : public Upstream {
+ public:
+  explicit DriverUpstream(CUcontext ctx, CUdevice device);
+  ~DriverUpstream() override;
+
+  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override;
+  void release(std::uint64_t base, std::size_t bytes) override;
+  void device_memory(std::size_t* total, std::size_t* free) override;
+  void synchronize() override;
+  bool needs_fences() override;
+  FenceId place_fence() override;
+  bool fence_retired(FenceId fence) override;
+  void wait_fence(FenceId fence) override;
+
+  // The context is gone (reset or destroyed) or the process is exiting: call nothing more.
+  void detach() { detached_ = true; }
+
+ private:
+  void forget_fence(FenceId fence);
+  CUcontext ctx_;
+  CUdevice device_;
+  std::atomic<bool> detached_{false};
+  std::mutex fence_mutex_;
+  FenceId next_fence_ = 1;
+  std::unordered_map<FenceId, std::vector<CUevent>> fences_;
+  std::vector<CUevent> spare_events_;
+};
+
+}  // namespace cupool::shim

@@ -1,0 +1,127 @@
+// The lookups by which a process finds CUDA functions without linking to them: dlsym (XLA,
+// TensorFlow, the runtime itself), cuGetProcAddress (the runtime, statically linked runtimes)
+// and cudaGetDriverEntryPoint (PyTorch's expandable segments). Each hands out cupool's wrapper
+// for a hooked function. They map on every call, also re-entered ones: the runtime's own first
+// lookups happen inside an intercepted call, and a pointer it caches then is used for ever.
+#include <dlfcn.h>
+#include <link.h>
+
+#include "cuda_api.h"
+#include "hook_table.h"
+#include "hooks_internal.h"
+
+namespace cupool::shim {
+namespace {
+
+// Replaces a looked-up real function by cupool's wrapper for `path`, remembering the real one.
+void redirect(const char* symbol, int version, unsigned long long flags, void** pfn, trace::Path path) {
+  if (symbol == nullptr || pfn == nullptr || *pfn == nullptr) return;
+  const HookEntry* entry = hook_of_wrapper(*pfn);  // an inner lookup already went through cupool
+  if (entry == nullptr) {
+    entry = find_proc_hook(symbol, version, flags);
+    if (entry == nullptr) return;
+    learn_real_function(id_of(*entry), *pfn);
+  }
+  *pfn = entry->wrapper[static_cast<int>(path)];
+}
+
+// dlsym(RTLD_NEXT, ...) means "after the caller", but the real dlsym would take cupool as the
+// caller. Search the objects after the caller's, in load order, as the loader would.
+void* lookup_next(const void* caller, const char* name) {
+  DlsymFn dl = real_dlsym();
+  Dl_info info;
+  link_map* map = nullptr;
+  if (dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 || map == nullptr)
+    return dl(RTLD_NEXT, name);
+  for (link_map* m = map->l_next; m != nullptr; m = m->l_next) {
+    void* h = dlopen(m->l_name[0] ? m->l_name : nullptr, RTLD_LAZY | RTLD_NOLOAD);
+    if (h == nullptr) continue;
+    void* fn = dl(h, name);
+    dlclose(h);
+    if (fn) return fn;
+  }
+  return nullptr;
+}
+
+}  // namespace
+}  // namespace cupool::shim
+
+using cupool::shim::HookId;
+using cupool::shim::redirect;
+using cupool::trace::Path;
+
+extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, const char* name) {
+  using namespace cupool::shim;
+  void* fn = handle == RTLD_NEXT ? lookup_next(__builtin_return_address(0), name) : real_dlsym()(handle, name);
+  if (fn == nullptr || (name[0] != 'c' && name[0] != 'd')) return fn;
+  const HookEntry* entry = hook_of_wrapper(fn);
+  if (entry == nullptr) {
+    entry = find_hook_by_symbol(name);
+    if (entry == nullptr || entry->kind == HookKind::loader) return fn;
+    learn_real_function(id_of(*entry), fn);
+  }
+  return entry->wrapper[static_cast<int>(Path::dlsym)];
+}
+
+namespace cupool::shim::impl {
+
+CUresult cuGetProcAddress(trace::Path, const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  auto real = CUPOOL_REAL(cuGetProcAddress);
+  if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
+  CUresult rc = real(symbol, pfn, version, flags);
+  if (rc == CUDA_SUCCESS) redirect(symbol, version, flags, pfn, trace::Path::proc_address);
+  return rc;
+}
+
+CUresult cuGetProcAddress_v2(trace::Path, const char* symbol, void** pfn, int version, cuuint64_t flags,
+                             CUdriverProcAddressQueryResult* status) {
+  auto real = CUPOOL_REAL(cuGetProcAddress_v2);
+  if (real == nullptr) return CUDA_ERROR_NOT_FOUND;
+  CUresult rc = real(symbol, pfn, version, flags, status);
+  if (rc == CUDA_SUCCESS) redirect(symbol, version, flags, pfn, trace::Path::proc_address);
+  return rc;
+}
+
+namespace {
+// cudaGetDriverEntryPoint asks for the driver ABI of the runtime's own version.
+constexpr int kRuntimeAbiVersion = CUDART_VERSION;
+}  // namespace
+
+cudaError_t cudaGetDriverEntryPoint(trace::Path, const char* symbol, void** funcPtr, unsigned long long flags,
+                                    cudaDriverEntryPointQueryResult* status) {
+  auto real = CUPOOL_REAL(cudaGetDriverEntryPoint);
+  if (real == nullptr) return cudaErrorSymbolNotFound;
+  cudaError_t rc = real(symbol, funcPtr, flags, status);
+  if (rc == cudaSuccess) redirect(symbol, kRuntimeAbiVersion, flags, funcPtr, trace::Path::entry_point);
+  return rc;
+}
+
+cudaError_t cudaGetDriverEntryPoint_ptsz(trace::Path, const char* symbol, void** funcPtr, unsigned long long flags,
+                                         cudaDriverEntryPointQueryResult* status) {
+  auto real = CUPOOL_REAL(cudaGetDriverEntryPoint_ptsz);
+  if (real == nullptr) return cudaErrorSymbolNotFound;
+  cudaError_t rc = real(symbol, funcPtr, flags, status);
+  if (rc == cudaSuccess) redirect(symbol, kRuntimeAbiVersion, flags, funcPtr, trace::Path::entry_point);
+  return rc;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(trace::Path, const char* symbol, void** funcPtr, unsigned int version,
+                                             unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
+  auto real = CUPOOL_REAL(cudaGetDriverEntryPointByVersion);
+  if (real == nullptr) return cudaErrorSymbolNotFound;
+  cudaError_t rc = real(symbol, funcPtr, version, flags, status);
+  if (rc == cudaSuccess) redirect(symbol, static_cast<int>(version), flags, funcPtr, trace::Path::entry_point);
+  return rc;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(trace::Path, const char* symbol, void** funcPtr,
+                                                  unsigned int version, unsigned long long flags,
+                                                  cudaDriverEntryPointQueryResult* status) {
+  auto real = CUPOOL_REAL(cudaGetDriverEntryPointByVersion_ptsz);
+  if (real == nullptr) return cudaErrorSymbolNotFound;
+  cudaError_t rc = real(symbol, funcPtr, version, flags, status);
+  if (rc == cudaSuccess) redirect(symbol, static_cast<int>(version), flags, funcPtr, trace::Path::entry_point);
+  return rc;
+}
+
+}  // namespace cupool::shim::impl

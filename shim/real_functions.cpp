@@ -1,0 +1,119 @@
+// Finding the real functions behind the hooks, and the wrapper table built from hooks.def.
+#include <dlfcn.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "cuda_api.h"
+#include "hook_table.h"
+#include "hooks_internal.h"
+
+namespace cupool::shim {
+namespace {
+
+std::atomic<void*> g_real[kHookCount];
+
+// The wrapper a hook hands out on each path: the exported symbol itself, and one thunk per
+// lookup path, so that the trace can say how the call arrived.
+#define CUPOOL_WRAPPERS(symbol)                                                                \
+  {nullptr, reinterpret_cast<void*>(&::symbol),                                               \
+   reinterpret_cast<void*>(&PathThunk<&impl::symbol, trace::Path::dlsym>::call),              \
+   reinterpret_cast<void*>(&PathThunk<&impl::symbol, trace::Path::proc_address>::call),       \
+   reinterpret_cast<void*>(&PathThunk<&impl::symbol, trace::Path::entry_point>::call)}
+
+const HookEntry kHooks[kHookCount] = {
+#define CUPOOL_RUNTIME_HOOK(symbol) \
+  {#symbol, #symbol, 0, 0, StreamFlavour::ANY, HookKind::runtime, CUPOOL_WRAPPERS(symbol)},
+#define CUPOOL_DRIVER_HOOK(symbol, base, min_version, max_version, stream) \
+  {#symbol, #base, min_version, max_version, StreamFlavour::stream, HookKind::driver, CUPOOL_WRAPPERS(symbol)},
+#define CUPOOL_LOADER_HOOK(symbol) \
+  {#symbol, #symbol, 0, 0, StreamFlavour::ANY, HookKind::loader, {nullptr, reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol)}},
+#include "hooks.def"
+};
+
+// libcuda / libcudart as this process loaded them; loaded by us only if the process has not.
+void* library_handle(const char* const* sonames, bool load) {
+  for (const char* const* name = sonames; *name; ++name)
+    if (void* h = dlopen(*name, RTLD_LAZY | RTLD_NOLOAD)) return h;
+  return load ? dlopen(sonames[0], RTLD_LAZY | RTLD_LOCAL) : nullptr;
+}
+constexpr const char* kDriverSonames[] = {"libcuda.so.1", "libcuda.so", nullptr};
+constexpr const char* kRuntimeSonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", nullptr};
+
+void* resolve(const HookEntry& e) {
+  DlsymFn dl = real_dlsym();
+  if (e.kind == HookKind::loader) return reinterpret_cast<void*>(dl);
+  if (void* fn = dl(RTLD_NEXT, e.symbol)) return fn;
+  const bool driver = e.kind == HookKind::driver;
+  void* h = library_handle(driver ? kDriverSonames : kRuntimeSonames, driver);
+  return h ? dl(h, e.symbol) : nullptr;
+}
+
+}  // namespace
+
+const HookEntry& hook(HookId id) { return kHooks[static_cast<int>(id)]; }
+
+const HookEntry* find_hook_by_symbol(const char* symbol) {
+  for (const HookEntry& e : kHooks)
+    if (std::strcmp(e.symbol, symbol) == 0) return &e;
+  return nullptr;
+}
+
+const HookEntry* find_proc_hook(const char* base_name, int version, unsigned long long flags) {
+  const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+  for (const HookEntry& e : kHooks) {
+    if (e.kind != HookKind::driver || std::strcmp(e.base_name, base_name) != 0) continue;
+    if (version < e.min_version || (e.max_version != 0 && version >= e.max_version)) continue;
+    if (e.stream == StreamFlavour::PER_THREAD && !per_thread) continue;
+    if (e.stream == StreamFlavour::LEGACY && per_thread) continue;
+    return &e;
+  }
+  return nullptr;
+}
+
+const HookEntry* hook_of_wrapper(const void* fn) {
+  for (const HookEntry& e : kHooks)
+    for (void* w : e.wrapper)
+      if (w != nullptr && w == fn) return &e;
+  return nullptr;
+}
+
+HookId id_of(const HookEntry& entry) { return static_cast<HookId>(&entry - kHooks); }
+
+void* real_function(HookId id) {
+  std::atomic<void*>& slot = g_real[static_cast<int>(id)];
+  void* fn = slot.load(std::memory_order_acquire);
+  if (fn) return fn;
+  fn = resolve(hook(id));
+  if (fn == nullptr || is_wrapper(fn)) return nullptr;
+  void* expected = nullptr;
+  slot.compare_exchange_strong(expected, fn, std::memory_order_acq_rel);
+  return slot.load(std::memory_order_acquire);
+}
+
+void learn_real_function(HookId id, void* fn) {
+  if (fn == nullptr || is_wrapper(fn)) return;
+  void* expected = nullptr;
+  g_real[static_cast<int>(id)].compare_exchange_strong(expected, fn, std::memory_order_acq_rel);
+}
+
+DlsymFn real_dlsym() {
+  static std::atomic<DlsymFn> cached{nullptr};
+  DlsymFn fn = cached.load(std::memory_order_acquire);
+  if (fn) return fn;
+  // dlvsym does not go through dlsym, so this cannot recurse into our own hook. glibc 2.34
+  // moved dlsym into libc with a new version; older ones only have the 2.2.5 version.
+  fn = reinterpret_cast<DlsymFn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.34"));
+  if (!fn) fn = reinterpret_cast<DlsymFn>(dlvsym(RTLD_NEXT, "dlsym", "GLIBC_2.2.5"));
+  cached.store(fn, std::memory_order_release);
+  return fn;
+}
+
+void* driver_function(const char* symbol) {
+  DlsymFn dl = real_dlsym();
+  if (void* fn = dl(RTLD_NEXT, symbol)) return fn;
+  void* h = library_handle(kDriverSonames, true);
+  return h ? dl(h, symbol) : nullptr;
+}
+
+}  // namespace cupool::shim

@@ -1,0 +1,67 @@
+// Process-wide state of the shim: configuration, trace writer, one pool per device context, and
+// the allocations that were passed through to the driver. Hooks reach it only through here.
+#pragma once
+
+#include <cstdint>
+
+#include "config.h"
+#include "cuda_api.h"
+#include "driver_upstream.h"
+#include "trace_schema.h"
+
+namespace cupool {
+class DevicePool;
+class TraceWriter;
+}  // namespace cupool
+
+namespace cupool::shim {
+
+// Set up once (options, log, trace, fork handlers); a configuration error ends the process
+// before user code runs. Safe to call from any hook at any time.
+void initialize();
+const Config& config();
+bool exiting();
+
+// Guards against re-entry: the runtime calling the driver, or cupool calling either, while an
+// intercepted call is served. Only the outermost call is routed and recorded.
+class HookScope {
+ public:
+  HookScope() : outermost_(depth_++ == 0) {}
+  ~HookScope() { --depth_; }
+  HookScope(const HookScope&) = delete;
+  HookScope& operator=(const HookScope&) = delete;
+  bool outermost() const { return outermost_; }
+
+ private:
+  static thread_local int depth_;
+  bool outermost_;
+};
+
+// Tracing. `tracing()` is one load; events are only built when it is true.
+bool tracing();
+std::uint64_t now_ns();
+void emit(const trace::Record& record);
+
+struct ContextPool {
+  CUcontext ctx = nullptr;
+  int device = -1;
+  CUcontext primary = nullptr;  // the device's primary context, to recognise its reset
+  DriverUpstream* upstream = nullptr;
+  DevicePool* pool = nullptr;
+};
+
+// The pool of the context current on this thread; nullptr with *rc set when there is none.
+ContextPool* current_pool(CUresult* rc);
+// The pool that handed out `ptr`, searching every live context.
+ContextPool* pool_owning(std::uint64_t ptr);
+// A context went away: its pool forgets its memory without touching the driver.
+void drop_context(CUcontext ctx, const char* api);
+void drop_primary_context(int device, const char* api);
+
+// Memory the process holds outside the pools (passthrough, managed, stream-ordered, VMM):
+// counted against the cap, remembered so that its free can be sized and uncharged.
+void external_add(std::uint64_t key, std::uint64_t bytes, ContextPool* owner);
+// Returns the bytes and owner of a known external allocation, forgetting it.
+bool external_remove(std::uint64_t key, std::uint64_t* bytes, ContextPool** owner);
+
+}  // namespace cupool::shim
