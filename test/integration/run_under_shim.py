@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Runs one test program on the simulated CUDA under LD_PRELOAD=libcupool.so, with a trace, and
+checks the trace against what the program says it did: every allocation and free exactly once,
+on the expected path, with sane fields. Used by meson test (test/integration/meson.build)."""
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# How each program reaches the allocation functions: the path its own allocations must show.
+EXPECTED_PATHS = {
+    "prog_runtime": {"symbol"},
+    "prog_driver": {"symbol"},
+    "prog_dlsym": {"dlsym"},
+    "prog_procaddress": {"proc-address"},
+    "prog_entrypoint": {"entry-point", "symbol"},
+    "prog_static_runtime": {"proc-address"},
+    "prog_inflight": {"symbol"},
+    "prog_threads": {"symbol"},
+    "prog_fork": {"symbol"},
+}
+
+
+def fail(msg):
+    print(f"FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def read_trace(path):
+    lines = open(path, encoding="utf-8").read().splitlines()
+    if not lines:
+        fail(f"{path}: empty trace")
+    records = []
+    for n, line in enumerate(lines, 1):
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            fail(f"{path}:{n}: not JSON ({e})")
+    if records[0].get("type") != "header":
+        fail(f"{path}: first line is not a header")
+    if records[-1].get("type") != "footer":
+        fail(f"{path}: last line is not a footer")
+    header = records[0]
+    if header.get("format") != "cupool-trace" or not str(header.get("version", "")).startswith("1."):
+        fail(f"{path}: bad header {header}")
+    events = [r for r in records if r.get("type") == "event"]
+    footer = records[-1]
+    if footer.get("events") != len(events):
+        fail(f"{path}: footer counts {footer.get('events')} events, file has {len(events)}")
+    if footer.get("dropped", 0) != 0:
+        fail(f"{path}: {footer['dropped']} events dropped")
+    return header, events, footer
+
+
+def check_events(name, events, expect_policy):
+    live = {}
+    allocs = frees = 0
+    alloc_bytes = 0
+    paths = set()
+    for e in events:
+        for key in ("t", "tid", "ev", "api", "path", "rc", "dur"):
+            if key not in e:
+                fail(f"event without '{key}': {e}")
+        if e["ev"] == "alloc" and e["rc"] == 0 and e.get("size", 0) > 0:
+            ptr = e["ptr"]
+            if ptr in live:
+                fail(f"{ptr} handed out twice without a free in between: {e}")
+            live[ptr] = e
+            allocs += 1
+            alloc_bytes += e["size"]
+            paths.add(e["path"])
+            if expect_policy != "passthrough" and e["api"] in ("cudaMalloc", "cuMemAlloc_v2") and not e.get("reserved"):
+                fail(f"pool-served allocation without pool state: {e}")
+        elif e["ev"] == "free" and e["rc"] == 0:
+            if e["ptr"] not in live:
+                fail(f"free of {e['ptr']} that the trace never saw allocated: {e}")
+            del live[e["ptr"]]
+            frees += 1
+            paths.add(e["path"])
+    expected = EXPECTED_PATHS.get(name)
+    if expected and not paths <= expected:
+        fail(f"{name}: events came by {sorted(paths)}, expected only {sorted(expected)}")
+    return allocs, frees, alloc_bytes, live
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shim", required=True)
+    ap.add_argument("--sim-dir", required=True)
+    ap.add_argument("--policy", default="passthrough")
+    ap.add_argument("--free", default="sync")
+    ap.add_argument("--sanitized", action="store_true")
+    ap.add_argument("program")
+    ap.add_argument("args", nargs="*")
+    a = ap.parse_args()
+
+    name = os.path.basename(a.program)
+    with tempfile.TemporaryDirectory() as tmp:
+        env = dict(os.environ)
+        preload = [a.shim]
+        if a.sanitized:
+            # The sanitizer runtime must come first in a preloaded process.
+            asan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+            preload.insert(0, asan)
+            env["ASAN_OPTIONS"] = "detect_leaks=0:" + env.get("ASAN_OPTIONS", "")
+        env["LD_PRELOAD"] = ":".join(preload)
+        env["LD_LIBRARY_PATH"] = a.sim_dir + ":" + env.get("LD_LIBRARY_PATH", "")
+        env["CUPOOL_TRACE"] = os.path.join(tmp, "trace.%p.jsonl")
+        env["CUPOOL_POLICY"] = a.policy
+        env["CUPOOL_FREE"] = a.free
+        env.setdefault("CUPOOL_LOG_LEVEL", "warn")
+        proc = subprocess.run([a.program] + a.args, env=env, capture_output=True, text=True, timeout=300)
+        sys.stderr.write(proc.stderr)
+        if proc.returncode != 0:
+            print(proc.stdout)
+            fail(f"{name} exited with {proc.returncode} under policy={a.policy} free={a.free}")
+        out_lines = [l for l in proc.stdout.splitlines() if l.strip()]
+        try:
+            report = json.loads(out_lines[-1])
+        except (IndexError, json.JSONDecodeError):
+            fail(f"{name}: last output line is not the program's JSON count: {out_lines[-1:]}")
+
+        traces = sorted(glob.glob(os.path.join(tmp, "trace.*.jsonl")))
+        if not traces:
+            fail("no trace written")
+        own = traces  # a forked child writes its own file: both count
+        totals = [0, 0, 0]
+        leftover = {}
+        for t in own:
+            header, events, footer = read_trace(t)
+            allocs, frees, nbytes, live = check_events(name, events, a.policy)
+            totals[0] += allocs
+            totals[1] += frees
+            totals[2] += nbytes
+            leftover.update(live)
+        if "allocs" in report and report["allocs"] != totals[0]:
+            fail(f"{name}: program made {report['allocs']} allocations, trace has {totals[0]}")
+        if "frees" in report and report["frees"] != totals[1]:
+            fail(f"{name}: program made {report['frees']} frees, trace has {totals[1]}")
+        if "bytes" in report and report["bytes"] > totals[2]:
+            fail(f"{name}: program asked for {report['bytes']} bytes, trace has {totals[2]}")
+        print(f"ok: {name} policy={a.policy} free={a.free}: {totals[0]} allocs, {totals[1]} frees in {len(own)} trace(s)")
+
+
+if __name__ == "__main__":
+    main()
