@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Every GPU check and benchmark of cupool, in one run (device time is scarce). Called by
+test/gpu/run_all.sh after it has built the CUDA programs. Writes results.json and results.md
+to OUT and prints a short table.
+
+  run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+BUILD, WORKLOADS, BIN, OUT = (os.path.abspath(p) for p in sys.argv[1:5])
+ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
+SHIM = os.path.join(BUILD, "shim", "libcupool.so")
+HERE = os.path.dirname(os.path.abspath(__file__))
+PY = sys.executable
+results = []
+
+
+def trace_summary(path):
+    """Counts per (event, api, path), peaks and drops, read straight from the JSON lines."""
+    s = {"events": 0, "by_api": {}, "peak_reserved": 0, "peak_in_use": 0, "peak_external": 0, "ooms": 0,
+         "dropped": None, "footer": False, "files": 0}
+    live_external = 0
+    files = [path] if os.path.exists(path) else []
+    d = os.path.dirname(path)
+    base = os.path.basename(path)
+    if not files and "%p" in base:
+        pre = base.split("%p")[0]
+        files = [os.path.join(d, f) for f in os.listdir(d) if f.startswith(pre)]
+    for f in files:
+        s["files"] += 1
+        sizes = {}
+        for line in open(f, encoding="utf-8"):
+            r = json.loads(line)
+            t = r.get("type")
+            if t == "footer":
+                s["footer"] = True
+                s["dropped"] = (s["dropped"] or 0) + r.get("dropped", 0)
+            if t != "event":
+                continue
+            s["events"] += 1
+            key = f'{r["ev"]}:{r["api"]}:{r["path"]}' + ("" if r.get("rc", 0) == 0 else f':rc{r["rc"]}')
+            s["by_api"][key] = s["by_api"].get(key, 0) + 1
+            if r.get("reserved") is not None:
+                s["peak_reserved"] = max(s["peak_reserved"], r["reserved"])
+                s["peak_in_use"] = max(s["peak_in_use"], r.get("in_use", 0))
+            elif r["ev"] in ("alloc", "vmm_create") and r.get("rc", 0) == 0:
+                sizes[r["ptr"]] = r.get("size", 0)
+                live_external += r.get("size", 0)
+                s["peak_external"] = max(s["peak_external"], live_external)
+            elif r["ev"] in ("free", "vmm_release") and r["ptr"] in sizes:
+                live_external -= sizes.pop(r["ptr"])
+            if r["ev"] == "oom":
+                s["ooms"] += 1
+    return s
+
+
+def count(summary, ev=None, api=None, path=None):
+    n = 0
+    for key, v in summary["by_api"].items():
+        e, a, p = key.split(":")[:3]
+        if key.count(":") > 2:
+            continue  # failed calls
+        if (ev is None or e == ev) and (api is None or a == api) and (path is None or p == path):
+            n += v
+    return n
+
+
+def run(name, cmd, env_extra=None, shim=None, timeout=300):
+    """shim: None (no cupool) or a dict of CUPOOL_* settings."""
+    env = dict(os.environ)
+    env.update(env_extra or {})
+    trace = None
+    if shim is not None:
+        trace = os.path.join(OUT, "traces", re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".%p.jsonl")
+        env["LD_PRELOAD"] = SHIM
+        env["CUPOOL_TRACE"] = trace
+        env.setdefault("CUPOOL_LOG_LEVEL", "warn")
+        env.update(shim)
+        if shim.get("CUPOOL_TRACE") == "":
+            del env["CUPOOL_TRACE"]
+            trace = None
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out, err = "timeout", (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), ""
+    wall = time.time() - t0
+    r = {"name": name, "rc": rc, "wall_s": round(wall, 1), "stdout": out[-3000:], "stderr": err[-3000:]}
+    if trace:
+        try:
+            r["trace"] = trace_summary(trace)
+        except Exception as e:  # noqa: BLE001 - a broken trace is a result too
+            r["trace_error"] = repr(e)
+    print(f"[{wall:6.1f}s] {name}: rc={rc}", flush=True)
+    if rc != 0:
+        print("   stderr:", err[-800:].replace("\n", "\n   "), flush=True)
+    results.append(r)
+    return r
+
+
+def parse_float(pattern, text):
+    m = re.search(pattern, text or "")
+    return float(m.group(1)) if m else None
+
+
+def wanted(group):
+    return ONLY is None or group in ONLY
+
+
+os.makedirs(os.path.join(OUT, "traces"), exist_ok=True)
+TRANSFORMER = os.path.join(WORKLOADS, "transformer_step.py")
+JAX_MLP = os.path.join(WORKLOADS, "jax_mlp_step.py")
+TORCH_MODES = {
+    "default": {},
+    "expandable": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+    "cudaMallocAsync": {"PYTORCH_CUDA_ALLOC_CONF": "backend:cudaMallocAsync"},
+    "nocache": {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+}
+# The transformer workload as it is, plus the allocator's own statistics afterwards.
+TRANSFORMER_WITH_STATS = [PY, "-c",
+    "import runpy, json, torch; runpy.run_path(%r, run_name='__main__'); s = torch.cuda.memory_stats();"
+    "print(json.dumps({'num_device_alloc': s.get('num_device_alloc'), 'num_device_free': s.get('num_device_free'),"
+    "'max_reserved': torch.cuda.max_memory_reserved(), 'max_allocated': torch.cuda.max_memory_allocated()}))"
+    % TRANSFORMER]
+
+# ---- Issue 2: passthrough is invisible, and the trace accounts for every allocation ----------
+if wanted("compat"):
+    for mode, env in TORCH_MODES.items():
+        base = run(f"torch-{mode}-nocupool", TRANSFORMER_WITH_STATS, dict(env, MODE=mode))
+        under = run(f"torch-{mode}-passthrough", TRANSFORMER_WITH_STATS, dict(env, MODE=mode),
+                    shim={"CUPOOL_POLICY": "passthrough"})
+    for mode, env in {"bfc": {}, "platform": {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}}.items():
+        run(f"jax-{mode}-nocupool", [PY, os.path.join(HERE, "jax_check.py")], env)
+        run(f"jax-{mode}-passthrough", [PY, os.path.join(HERE, "jax_check.py")], env, shim={"CUPOOL_POLICY": "passthrough"})
+        run(f"jaxmlp-{mode}-nocupool", [PY, JAX_MLP], dict(env, MODE=mode))
+        run(f"jaxmlp-{mode}-passthrough", [PY, JAX_MLP], dict(env, MODE=mode), shim={"CUPOOL_POLICY": "passthrough"})
+    run("cupy-nocupool", [PY, os.path.join(HERE, "cupy_check.py")])
+    run("cupy-passthrough", [PY, os.path.join(HERE, "cupy_check.py")], shim={"CUPOOL_POLICY": "passthrough"})
+    for kind in ("shared", "static"):
+        exe = os.path.join(BIN, f"workload_{kind}")
+        run(f"workload-{kind}-nocupool", [exe, "100", "8"])
+        run(f"workload-{kind}-passthrough", [exe, "100", "8"], shim={"CUPOOL_POLICY": "passthrough"})
+        run(f"workload-{kind}-growth", [exe, "100", "8"], shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
+
+# ---- Issue 3: safe reuse after free -----------------------------------------------------------
+if wanted("inflight"):
+    exe = os.path.join(BIN, "inflight")
+    run("inflight-nocupool", [exe])
+    for policy in ("growth", "preallocate"):
+        for free in ("sync", "deferred"):
+            run(f"inflight-{policy}-{free}", [exe], shim={"CUPOOL_POLICY": policy, "CUPOOL_FREE": free,
+                                                       "CUPOOL_PREALLOCATE": "8GiB"})
+
+# ---- Issue 3: pair cost ---------------------------------------------------------------------
+if wanted("bench"):
+    exe = os.path.join(BIN, "bench_alloc")
+    run("bench-driver", [exe, "malloc", "driver cudaMalloc+cudaFree"])
+    run("bench-async", [exe, "async", "cudaMallocAsync+cudaFreeAsync"])
+    for free in ("deferred", "sync"):
+        run(f"bench-cupool-{free}-trace-off", [exe, "malloc", f"cupool growth {free}, trace off"],
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE": ""})
+        run(f"bench-cupool-{free}-trace-on", [exe, "malloc", f"cupool growth {free}, trace on"],
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE_BUFFER": "1048576"})
+
+# ---- Issue 3: framework steps with every tensor through cupool ----------------------------------
+if wanted("steps"):
+    run("step-torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"})
+    run("step-torch-nocache-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "nocache", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+    run("step-torch-nocache-growth-deferred", TRANSFORMER_WITH_STATS,
+        {"MODE": "nocache+cupool", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
+        shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
+    run("step-torch-caching-growth", TRANSFORMER_WITH_STATS, {"MODE": "caching+cupool"},
+        shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"})
+    run("step-jax-bfc-nocupool", [PY, JAX_MLP], {"MODE": "bfc"})
+    run("step-jax-platform-nocupool", [PY, JAX_MLP], {"MODE": "platform", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})
+    run("step-jax-platform-growth-deferred", [PY, JAX_MLP], {"MODE": "platform+cupool",
+        "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
+
+with open(os.path.join(OUT, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+
+# ---- A short table ---------------------------------------------------------------------------
+lines = ["| run | rc | result | trace: allocs (api:path) | peak reserved |", "|---|---|---|---|---|"]
+for r in results:
+    out = r["stdout"]
+    res = []
+    for pat, label in ((r"step=([\d.]+) ms", "step ms"), (r"loss=([\d.]+)", "loss")):
+        v = parse_float(pat, out)
+        if v is not None:
+            res.append(f"{label} {v}")
+    last = [l for l in out.splitlines() if l.startswith("{")]
+    if last:
+        res.append(last[-1][:160])
+    t = r.get("trace")
+    allocs = ""
+    peak = ""
+    if t:
+        allocs = ", ".join(f"{k}={v}" for k, v in sorted(t["by_api"].items()) if k.split(":")[0] in ("alloc", "vmm_create"))
+        peak = f'{t["peak_reserved"] / 2**20:.0f} MiB' if t["peak_reserved"] else f'{t["peak_external"] / 2**20:.0f} MiB ext'
+        if t.get("dropped"):
+            allocs += f" DROPPED={t['dropped']}"
+        if not t["footer"]:
+            allocs += " (no footer)"
+    elif r.get("trace_error"):
+        allocs = r["trace_error"][:80]
+    lines.append(f"| {r['name']} | {r['rc']} | {'; '.join(res)} | {allocs[:300]} | {peak} |")
+table = "\n".join(lines)
+open(os.path.join(OUT, "results.md"), "w").write(table + "\n")
+print(table)
