@@ -1,6 +1,7 @@
 // The Upstream of a pool on a real device: chunks from cuMemAlloc_v2, fences from CUDA events.
 #pragma once
 
+#include <atomic>
 #include <mutex>
 #include <unordered_map>
 #include <vector>

@@ -1,0 +1,149 @@
+// DevicePool: the memory of one device context, handed out from chunks taken through an Upstream
+// (the real driver in the shim, SimUpstream in tests and replay). Thread-safe: one mutex per
+// pool, never held across an upstream call that can take long (reserve, release, synchronize,
+// wait_fence). Policies (growth, preallocate), the cap, free modes and OOM classification live
+// here; docs/design.md ("The pool") explains the rules.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "config.h"
+#include "event_sink.h"  // where the pool reports grow, release, fence_retired, oom
+#include "suballocator.h"
+#include "trace_schema.h"
+#include "upstream.h"
+
+namespace cupool {
+
+
+struct AllocResult {
+  std::uint64_t ptr = 0;
+  trace::OomClass oom = trace::OomClass::none;
+  int driver_code = 0;  // the driver's error code when oom == device
+};
+
+enum class FreeResult {
+  freed,
+  not_owned,    // outside the pool's chunks, or inside a live block but not at its start
+  double_free,  // inside the pool but not a live block (already freed, or still in quarantine)
+};
+
+class DevicePool {
+ public:
+  // A time source (ns). Default: CLOCK_MONOTONIC. Tests and replay inject their own.
+  using Clock = std::uint64_t (*)(void* ctx);
+
+  DevicePool(const Config& cfg, int device, Upstream& upstream, EventSink* sink);
+  ~DevicePool();
+  DevicePool(const DevicePool&) = delete;
+  DevicePool& operator=(const DevicePool&) = delete;
+
+  AllocResult allocate(std::size_t size);  // size 0: ptr 0, no error
+  FreeResult deallocate(std::uint64_t ptr);
+
+  bool owns(std::uint64_t ptr) const;  // inside one of the pool's chunks (frees of it belong here)
+  bool block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const;  // interior too
+  std::size_t block_size(std::uint64_t ptr) const;  // live block starting at ptr, else 0
+  trace::PoolState state() const;
+  // total: the cap; free: what the process could still get (headroom under the cap that the driver
+  // also has, plus free bytes inside the pool).
+  void mem_info(std::size_t* free, std::size_t* total);
+
+  // Memory the process holds outside the pool (passthrough, VMM, stream-ordered) counts against
+  // the cap. try_charge_external gives back wholly free chunks before it refuses.
+  bool try_charge_external(std::size_t bytes);
+  void uncharge_external(std::size_t bytes);
+
+  void trim();     // give back every wholly free chunk (the preallocated one too)
+  void abandon();  // the context is gone: forget everything, never call the upstream again
+
+  void set_clock(Clock clock, void* ctx);
+  std::uint64_t cap() const { return cap_; }
+  std::uint64_t external() const;
+
+  static constexpr std::size_t kChunkGranularity = 2u << 20;
+  static constexpr std::size_t kBatchBlocks = 64;          // deferred free: a fence per this many blocks...
+  static constexpr std::size_t kBatchBytes = 64u << 20;    // ...or this many bytes
+
+ private:
+  struct Reservation {  // what the upstream gave, by suballocator chunk id
+    std::uint64_t base = 0;
+    std::size_t size = 0;
+  };
+  struct Batch {  // deferred frees behind one fence
+    FenceId fence = 0;
+    std::uint64_t seq = 0;     // batches are sealed, fenced and retired in this order
+    bool taken = false;        // a thread waits on its fence outside the lock
+    std::vector<std::uint64_t> blocks;
+    std::uint64_t bytes = 0;
+  };
+  struct Grow {
+    std::uint64_t ptr = 0;
+    trace::OomClass fail = trace::OomClass::none;
+    int driver_code = 0;
+  };
+  using Lock = std::unique_lock<std::mutex>;
+
+  std::uint64_t now() const { return clock_(clock_ctx_); }
+  std::uint64_t charged() const { return sub_.reserved() + transit_ + external_; }
+  std::uint64_t headroom() const { return cap_ > charged() ? cap_ - charged() : 0; }
+  bool may_grow() const;
+  trace::PoolState state_locked() const;
+  void emit(trace::EventKind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0, std::uint64_t dur,
+            trace::OomClass oom = trace::OomClass::none, int code = 0);
+
+  AllocResult allocate_slow(Lock& lk, std::size_t size);
+  Grow grow(Lock& lk, std::size_t bytes);
+  Grow preallocate(Lock& lk, std::size_t bytes);
+  Grow add_reserved(std::uint64_t base, std::size_t size, std::size_t bytes, bool is_prealloc);
+  std::size_t release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before);
+  void note_free(const Suballocator::FreeInfo& info);
+  void check_idle(Lock& lk);
+  void seal_pending();
+  void retire_ready();
+  void retire_front();
+  bool quarantine_empty() const { return pending_.empty() && batch_head_ == batches_.size(); }
+
+  const Config cfg_;
+  const int device_;
+  Upstream& up_;
+  EventSink* const sink_;
+  Clock clock_;
+  void* clock_ctx_ = nullptr;
+
+  mutable std::mutex mu_;
+  Suballocator sub_;
+  std::vector<Reservation> reservations_;
+  std::uint64_t device_total_ = 0;
+  std::uint64_t cap_ = 0;
+  bool has_limit_ = false;
+  std::uint64_t transit_ = 0;   // bytes being reserved or released outside the lock
+  std::uint64_t external_ = 0;
+  std::uint64_t step_ = 0;      // growth: the next chunk size
+  bool abandoned_ = false;
+
+  // preallocate
+  bool prealloc_done_ = false;
+  bool prealloc_busy_ = false;
+  std::uint32_t prealloc_chunk_ = Suballocator::kNoChunk;
+  std::condition_variable prealloc_cv_;
+
+  // idle release
+  std::vector<std::uint64_t> idle_since_;  // by chunk id: when it last became wholly free
+  std::uint64_t next_idle_check_ = ~std::uint64_t{0};
+
+  // deferred free
+  bool deferred_ = false;
+  std::vector<std::uint64_t> pending_;       // held blocks not yet behind a fence
+  std::uint64_t pending_bytes_ = 0;
+  std::vector<Batch> batches_;               // FIFO from batch_head_
+  std::size_t batch_head_ = 0;
+  std::uint64_t batch_seq_ = 0;
+  std::vector<std::vector<std::uint64_t>> spare_;  // recycled block lists: no allocation when warm
+};
+
+}  // namespace cupool
