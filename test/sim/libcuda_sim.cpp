@@ -440,8 +440,17 @@ std::map<uintptr_t, Mapping>::iterator find_mapping_locked(uintptr_t p) {
 bool is_device_range_locked(uintptr_t p, size_t n) {
     auto it = find_alloc_locked(p);
     if (it != g_st->allocs.end()) return p + n <= it->first + std::max(it->second.size, it->second.map_size);
+    // VMM: [p, p+n) may span consecutive mappings of one reserved range
     auto mt = find_mapping_locked(p);
-    return mt != g_st->mappings.end() && p + n <= mt->first + mt->second.size;
+    uintptr_t end = p + n;
+    while (mt != g_st->mappings.end()) {
+        uintptr_t mend = mt->first + mt->second.size;
+        if (end <= mend) return true;
+        auto next = std::next(mt);
+        if (next == g_st->mappings.end() || next->first != mend) return false;
+        mt = next;
+    }
+    return false;
 }
 
 CUresult check_dev_range(CUdeviceptr p, size_t n) {
