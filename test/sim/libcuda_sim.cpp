@@ -93,7 +93,7 @@ struct MemPool {
     uint64_t used = 0, used_high = 0;
 };
 
-enum Kind { KIND_DEVICE, KIND_PITCH, KIND_MANAGED, KIND_ASYNC, KIND_IPC };
+enum Kind { KIND_DEVICE, KIND_PITCH, KIND_MANAGED, KIND_ASYNC, KIND_IPC, KIND_HOST };
 
 struct Alloc {
     uintptr_t base = 0;
@@ -405,7 +405,7 @@ struct Unmap {
 
 Unmap erase_alloc_locked(std::map<uintptr_t, Alloc>::iterator it) {
     Alloc& a = it->second;
-    if (a.kind != KIND_IPC) g_st->devs[static_cast<size_t>(a.dev)].used -= a.accounted;
+    if (a.kind != KIND_IPC && a.kind != KIND_HOST) g_st->devs[static_cast<size_t>(a.dev)].used -= a.accounted;
     if (a.pool) a.pool->used -= a.accounted;
     Unmap u{a.base, a.map_size, a.fd};
     g_st->allocs.erase(it);
@@ -600,7 +600,8 @@ CUresult free_sync(CUdeviceptr dptr) {
     {
         std::unique_lock<std::mutex> lk(g_mu);
         auto it = g_st->allocs.find(static_cast<uintptr_t>(dptr));
-        if (it == g_st->allocs.end() || it->second.kind == KIND_IPC || it->second.free_pending)
+        if (it == g_st->allocs.end() || it->second.kind == KIND_IPC || it->second.kind == KIND_HOST ||
+            it->second.free_pending)
             return CUDA_ERROR_INVALID_VALUE;
         // As the real driver: cuMemFree waits for all outstanding work of the context.
         Context* c = it->second.ctx;
@@ -636,7 +637,8 @@ CUresult free_async(CUdeviceptr dptr, CUstream h, bool ptsz) {
     std::shared_ptr<Stream> s;
     if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
     auto it = g_st->allocs.find(static_cast<uintptr_t>(dptr));
-    if (it == g_st->allocs.end() || it->second.kind == KIND_IPC || it->second.free_pending)
+    if (it == g_st->allocs.end() || it->second.kind == KIND_IPC || it->second.kind == KIND_HOST ||
+        it->second.free_pending)
         return CUDA_ERROR_INVALID_VALUE;
     it->second.free_pending = true;
     uintptr_t base = it->first;
@@ -815,17 +817,18 @@ CUresult write_attr(CUpointer_attribute attr, void* data, uintptr_t ptr, const A
     }
     switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
-        *static_cast<CUcontext*>(data) = (a && a->kind != KIND_ASYNC) ? handle_of(a->ctx) : nullptr;
+        *static_cast<CUcontext*>(data) = a ? handle_of(a->ctx) : nullptr;
         break;
     case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
-        *static_cast<unsigned int*>(data) = known ? CU_MEMORYTYPE_DEVICE : 0;
+        *static_cast<unsigned int*>(data) =
+            !known ? 0u : static_cast<unsigned>((a && a->kind == KIND_HOST) ? CU_MEMORYTYPE_HOST : CU_MEMORYTYPE_DEVICE);
         break;
     case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
         if (!known && !for_attributes) return CUDA_ERROR_INVALID_VALUE;
         *static_cast<CUdeviceptr*>(data) = known ? static_cast<CUdeviceptr>(ptr) : 0;
         break;
     case CU_POINTER_ATTRIBUTE_HOST_POINTER:
-        if (!(a && a->kind == KIND_MANAGED)) {
+        if (!(a && (a->kind == KIND_MANAGED || a->kind == KIND_HOST))) {
             if (!for_attributes) return CUDA_ERROR_INVALID_VALUE;
             *static_cast<void**>(data) = nullptr;
         } else {
@@ -1780,6 +1783,60 @@ CUresult cuMemsetD8Async_ptsz(CUdeviceptr d, unsigned char uc, size_t N, CUstrea
 CUresult cuMemsetD32Async(CUdeviceptr d, unsigned int ui, size_t N, CUstream h) { return memset_impl(d, ui, N, h, false, false); }
 CUresult cuMemsetD32Async_ptsz(CUdeviceptr d, unsigned int ui, size_t N, CUstream h) { return memset_impl(d, ui, N, h, true, false); }
 
+// ---------------------------------------------------------------- page-locked host memory
+
+CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
+    CHECK_INIT();
+    (void)Flags;
+    if (pp == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    Context* c = nullptr;
+    if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
+    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    size_t ms = round_up(bytesize, page);
+    void* p = mmap(nullptr, ms, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    Alloc a;
+    a.base = reinterpret_cast<uintptr_t>(p);
+    a.size = bytesize;
+    a.map_size = ms;
+    a.ctx = c;
+    a.dev = c->dev;
+    a.kind = KIND_HOST;
+    std::lock_guard<std::mutex> lk(g_mu);
+    a.buffer_id = g_st->next_id++;
+    g_st->allocs[a.base] = a;
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) { return cuMemHostAlloc(pp, bytesize, 0); }
+
+CUresult cuMemFreeHost(void* p) {
+    CHECK_INIT();
+    Unmap u{};
+    {
+        std::unique_lock<std::mutex> lk(g_mu);
+        auto it = g_st->allocs.find(reinterpret_cast<uintptr_t>(p));
+        if (it == g_st->allocs.end() || it->second.kind != KIND_HOST) return CUDA_ERROR_INVALID_VALUE;
+        sync_ctx_locked(lk, it->second.ctx);  // as cudaFreeHost, an implicit synchronization
+        it = g_st->allocs.find(reinterpret_cast<uintptr_t>(p));
+        if (it == g_st->allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+        u = erase_alloc_locked(it);
+    }
+    do_unmap(u);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr* pdptr, void* p, unsigned int Flags) {
+    CHECK_INIT();
+    if (pdptr == nullptr || Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = find_alloc_locked(reinterpret_cast<uintptr_t>(p));
+    if (it == g_st->allocs.end() || it->second.kind != KIND_HOST) return CUDA_ERROR_INVALID_VALUE;
+    *pdptr = reinterpret_cast<CUdeviceptr>(p);
+    return CUDA_SUCCESS;
+}
+
 // ---------------------------------------------------------------- IPC
 
 CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
@@ -1946,6 +2003,10 @@ const ProcEntry kProcTable[] = {
     P("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     P("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2),
     P("cuMemAllocManaged", 6000, cuMemAllocManaged),
+    P("cuMemHostAlloc", 2020, cuMemHostAlloc),
+    P("cuMemAllocHost", 3020, cuMemAllocHost_v2),
+    P("cuMemFreeHost", 2000, cuMemFreeHost),
+    P("cuMemHostGetDevicePointer", 3020, cuMemHostGetDevicePointer_v2),
     P("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     P("cuPointerGetAttributes", 7000, cuPointerGetAttributes),
     PT("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz),

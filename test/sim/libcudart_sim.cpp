@@ -66,6 +66,9 @@ struct Drv {
     decltype(&cuIpcOpenMemHandle_v2) IpcOpenMemHandle;
     decltype(&cuIpcCloseMemHandle) IpcCloseMemHandle;
     decltype(&cuPointerGetAttributes) PointerGetAttributes;
+    decltype(&cuMemHostAlloc) MemHostAlloc;
+    decltype(&cuMemFreeHost) MemFreeHost;
+    decltype(&cuDeviceGetAttribute) DeviceGetAttribute;
 };
 
 Drv g_drv[2];
@@ -155,6 +158,9 @@ bool fetch_all(Drv& d, cuuint64_t fl) {
     ok &= fetch(d.IpcOpenMemHandle, "cuIpcOpenMemHandle", fl);
     ok &= fetch(d.IpcCloseMemHandle, "cuIpcCloseMemHandle", fl);
     ok &= fetch(d.PointerGetAttributes, "cuPointerGetAttributes", fl);
+    ok &= fetch(d.MemHostAlloc, "cuMemHostAlloc", fl);
+    ok &= fetch(d.MemFreeHost, "cuMemFreeHost", fl);
+    ok &= fetch(d.DeviceGetAttribute, "cuDeviceGetAttribute", fl);
     return ok;
 }
 
@@ -432,6 +438,25 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr 
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void* value) {
     if (cudaError_t e = init_rt(); e != cudaSuccess) return ret(e);
     return ret(D().MemPoolGetAttribute(reinterpret_cast<CUmemoryPool>(memPool), static_cast<CUmemPool_attribute>(attr), value));
+}
+
+cudaError_t cudaHostAlloc(void** pHost, size_t size, unsigned int flags) {
+    ENSURE();
+    if (pHost == nullptr) return ret(cudaErrorInvalidValue);
+    return ret(D().MemHostAlloc(pHost, size, flags));
+}
+
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return cudaHostAlloc(ptr, size, cudaHostAllocDefault); }
+
+cudaError_t cudaFreeHost(void* ptr) {
+    ENSURE();
+    if (ptr == nullptr) return cudaSuccess;
+    return ret(D().MemFreeHost(ptr));
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+    if (cudaError_t e = init_rt(); e != cudaSuccess) return ret(e);
+    return ret(D().DeviceGetAttribute(value, static_cast<CUdevice_attribute>(attr), device));
 }
 
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {

@@ -89,6 +89,11 @@ DECL(cuIpcOpenMemHandle_v2, CUdeviceptr*, CUipcMemHandle, unsigned)
 DECL(cuIpcCloseMemHandle, CUdeviceptr)
 DECL(cuGetProcAddress_v2, const char*, void**, int, cuuint64_t, CUdriverProcAddressQueryResult*)
 DECL(cuGetProcAddress, const char*, void**, int, cuuint64_t)
+DECL(cuMemHostAlloc, void**, size_t, unsigned)
+DECL(cuMemFreeHost, void*)
+DECL(cuMemAllocAsync_ptsz, CUdeviceptr*, size_t, CUstream)
+DECL(cuLaunchHostFunc_ptsz, CUstream, CUhostFn, void*)
+DECL(cuStreamSynchronize_ptsz, CUstream)
 #undef DECL
 
 void load_all() {
@@ -103,6 +108,7 @@ void load_all() {
     L(cuEventDestroy_v2) L(cuMemcpyHtoD_v2) L(cuMemcpyDtoH_v2) L(cuMemGetAllocationGranularity) L(cuMemCreate)
     L(cuMemRelease) L(cuMemAddressReserve) L(cuMemAddressFree) L(cuMemMap) L(cuMemUnmap) L(cuMemSetAccess)
     L(cuIpcGetMemHandle) L(cuIpcOpenMemHandle_v2) L(cuIpcCloseMemHandle) L(cuGetProcAddress_v2) L(cuGetProcAddress)
+    L(cuMemHostAlloc) L(cuMemFreeHost) L(cuMemAllocAsync_ptsz) L(cuLaunchHostFunc_ptsz) L(cuStreamSynchronize_ptsz)
 #undef L
 }
 
@@ -295,6 +301,51 @@ void test_oom_and_info() {
     CHECK(in == out);
     CHECK(reinterpret_cast<unsigned char*>(p)[999] == in[999]);  // host-readable
     OK(p_cuMemFree_v2(p));
+
+    // page-locked host memory: host memory type, not charged to the device
+    void* hp = nullptr;
+    OK(p_cuMemHostAlloc(&hp, 5000, 0));
+    OK(p_cuPointerGetAttribute(&mt, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, reinterpret_cast<CUdeviceptr>(hp)));
+    CHECK(mt == CU_MEMORYTYPE_HOST);
+    CHECK(free_mem() == t);
+    CHECK(p_cuMemFree_v2(reinterpret_cast<CUdeviceptr>(hp)) == CUDA_ERROR_INVALID_VALUE);
+    OK(p_cuMemFreeHost(hp));
+}
+
+void test_per_thread_stream() {
+    // the per-thread default stream of another thread is a different stream
+    Sleeper s{150};
+    OK(p_cuLaunchHostFunc_ptsz(nullptr, sleeper_fn, &s));  // this thread's per-thread stream
+    std::atomic<bool> other_done{false};
+    CUcontext cur = nullptr;
+    OK(p_cuCtxGetCurrent(&cur));
+    std::thread th([&] {
+        OK(p_cuCtxSetCurrent(cur));
+        OK(p_cuStreamSynchronize_ptsz(nullptr));  // its own per-thread stream: empty
+        other_done = true;
+    });
+    th.join();
+    CHECK(other_done && !s.done);
+    CUdeviceptr p = 0;
+    OK(p_cuMemAllocAsync_ptsz(&p, 4096, nullptr));
+    OK(p_cuStreamSynchronize_ptsz(nullptr));
+    CHECK(s.done);
+    OK(p_cuMemFree_v2(p));
+}
+
+int latency_child() {
+    // run with CUPOOL_SIM_ALLOC_LATENCY_US=30000
+    if (p_cuInit(0) != CUDA_SUCCESS) return 30;
+    CUcontext c = nullptr;
+    if (p_cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS || p_cuCtxSetCurrent(c) != CUDA_SUCCESS) return 31;
+    CUdeviceptr p = 0;
+    auto t0 = Clock::now();
+    if (p_cuMemAlloc_v2(&p, 4096) != CUDA_SUCCESS) return 32;
+    if (ms_since(t0) < 25) return 33;
+    t0 = Clock::now();
+    if (p_cuMemFree_v2(p) != CUDA_SUCCESS) return 34;
+    if (ms_since(t0) < 25) return 35;
+    return 0;
 }
 
 void test_vmm() {
@@ -471,6 +522,7 @@ void test_ipc_and_fork() {
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
 
     CHECK(run_child({"prog_sim_selftest", "--fail-child"}, "CUPOOL_SIM_FAIL_ALLOC_AFTER=3") == 0);
+    CHECK(run_child({"prog_sim_selftest", "--latency-child"}, "CUPOOL_SIM_ALLOC_LATENCY_US=30000") == 0);
 }
 
 void test_runtime() {
@@ -519,6 +571,7 @@ int main(int argc, char** argv) {
     load_all();
     if (argc >= 3 && std::strcmp(argv[1], "--ipc-child") == 0) return ipc_child(argv[2]);
     if (argc >= 2 && std::strcmp(argv[1], "--fail-child") == 0) return fail_child();
+    if (argc >= 2 && std::strcmp(argv[1], "--latency-child") == 0) return latency_child();
 
     CUdeviceptr p = 0;
     CHECK(p_cuMemAlloc_v2(&p, 256) == CUDA_ERROR_NOT_INITIALIZED);  // before cuInit
@@ -546,6 +599,7 @@ int main(int argc, char** argv) {
     test_free_waits(nb);
     test_stream_order(nb);
     test_async_free(nb);
+    test_per_thread_stream();
     test_oom_and_info();
     test_vmm();
     test_contexts();
