@@ -51,7 +51,12 @@ struct Event {
   }
   void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextPool* cp, bool with_pool) {
     if (!on) return;
-    r.dur_ns = now_ns() - r.t_ns;
+    const std::uint64_t end = now_ns();
+    r.dur_ns = end - r.t_ns;
+    // `t` orders events across threads: memory is handed out by the time an allocation returns
+    // and given back no earlier than its free was called, so (alloc: end, free: start) is a
+    // consistent order for every reuse of an address.
+    if (r.kind == EventKind::alloc || r.kind == EventKind::vmm_create || r.kind == EventKind::va_reserve) r.t_ns = end;
     r.rc = rc;
     r.size = size;
     r.ptr = ptr;

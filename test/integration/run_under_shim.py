@@ -47,6 +47,9 @@ def read_trace(path):
     if header.get("format") != "cupool-trace" or not str(header.get("version", "")).startswith("1."):
         fail(f"{path}: bad header {header}")
     events = [r for r in records if r.get("type") == "event"]
+    # Threads write their own buffers: file order is not time order. `t` orders events (an
+    # allocation when it returned, a free when it was called), so sorting by it is consistent.
+    events.sort(key=lambda e: e["t"])
     footer = records[-1]
     if footer.get("events") != len(events):
         fail(f"{path}: footer counts {footer.get('events')} events, file has {len(events)}")
@@ -117,11 +120,19 @@ def main():
         if proc.returncode != 0:
             print(proc.stdout)
             fail(f"{name} exited with {proc.returncode} under policy={a.policy} free={a.free}")
-        out_lines = [l for l in proc.stdout.splitlines() if l.strip()]
-        try:
-            report = json.loads(out_lines[-1])
-        except (IndexError, json.JSONDecodeError):
-            fail(f"{name}: last output line is not the program's JSON count: {out_lines[-1:]}")
+        # Each process that did CUDA work (a forked or re-executed child too) prints its count.
+        report = {}
+        for line in proc.stdout.splitlines():
+            try:
+                counts = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(counts, dict):
+                for k in ("allocs", "frees", "bytes"):
+                    if k in counts:
+                        report[k] = report.get(k, 0) + counts[k]
+        if not report:
+            fail(f"{name}: no JSON count in the program's output: {proc.stdout[-500:]!r}")
 
         traces = sorted(glob.glob(os.path.join(tmp, "trace.*.jsonl")))
         if not traces:
