@@ -1,0 +1,158 @@
+#include "sim_upstream.h"
+
+#include <algorithm>
+
+namespace cupool {
+
+SimUpstream::SimUpstream(std::size_t capacity, std::size_t granularity, std::uint64_t base)
+    : capacity_(capacity / std::max<std::size_t>(granularity, 1) * std::max<std::size_t>(granularity, 1)),
+      granularity_(std::max<std::size_t>(granularity, 1)),
+      base_(base) {
+  if (capacity_ > 0) free_.emplace(base_, capacity_);
+}
+
+UpstreamStatus SimUpstream::reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) {
+  std::lock_guard lock(mu_);
+  ++counters_.reserve_calls;
+  auto fail = [&](UpstreamStatus s) {
+    ++counters_.reserve_failures;
+    if (driver_code) *driver_code = s == UpstreamStatus::out_of_memory ? kOutOfMemoryCode : 999;
+    return s;
+  };
+  if (fail_count_ > 0) {
+    --fail_count_;
+    return fail(fail_status_);
+  }
+  if (bytes == 0 || (fail_above_ != 0 && bytes > fail_above_)) return fail(UpstreamStatus::out_of_memory);
+  std::size_t need = rounded(bytes);
+  if (need + used_ + foreign_ > capacity_ || need < bytes) return fail(UpstreamStatus::out_of_memory);
+  // First fit in address order: fragmentation of the device is part of what is simulated.
+  auto it = std::find_if(free_.begin(), free_.end(), [&](const auto& r) { return r.second >= need; });
+  if (it == free_.end()) return fail(UpstreamStatus::out_of_memory);
+  std::uint64_t at = it->first;
+  std::uint64_t rest = it->second - need;
+  free_.erase(it);
+  if (rest > 0) free_.emplace(at + need, rest);
+  taken_.emplace(at, bytes);
+  used_ += need;
+  counters_.reserved_bytes += bytes;
+  counters_.total_reserved_bytes += bytes;
+  counters_.peak_reserved_bytes = std::max(counters_.peak_reserved_bytes, counters_.reserved_bytes);
+  *base = at;
+  if (driver_code) *driver_code = 0;
+  return UpstreamStatus::ok;
+}
+
+void SimUpstream::release(std::uint64_t base, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.release_calls;
+  auto t = taken_.find(base);
+  if (t == taken_.end() || t->second != bytes) {
+    ++counters_.bad_releases;
+    return;
+  }
+  taken_.erase(t);
+  std::uint64_t size = rounded(bytes);
+  used_ -= size;
+  counters_.reserved_bytes -= bytes;
+  counters_.total_released_bytes += bytes;
+  // Coalesce with the free neighbours.
+  auto next = free_.lower_bound(base);
+  if (next != free_.end() && base + size == next->first) {
+    size += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == base) {
+      prev->second += size;
+      return;
+    }
+  }
+  free_.emplace(base, size);
+}
+
+void SimUpstream::device_memory(std::size_t* total, std::size_t* free) {
+  std::lock_guard lock(mu_);
+  if (total) *total = capacity_;
+  if (free) *free = capacity_ - std::min(capacity_, used_ + foreign_);
+}
+
+void SimUpstream::synchronize() {
+  std::lock_guard lock(mu_);
+  ++counters_.synchronizes;
+  completed_ = last_fence_;
+}
+
+bool SimUpstream::needs_fences() {
+  std::lock_guard lock(mu_);
+  return needs_fences_;
+}
+
+FenceId SimUpstream::place_fence() {
+  std::lock_guard lock(mu_);
+  ++counters_.fences_placed;
+  FenceId f = ++last_fence_;
+  if (!pending_work_) completed_ = f;
+  return f;
+}
+
+bool SimUpstream::fence_retired(FenceId fence) {
+  std::lock_guard lock(mu_);
+  ++counters_.fence_polls;
+  return fence <= completed_;
+}
+
+void SimUpstream::wait_fence(FenceId fence) {
+  std::lock_guard lock(mu_);
+  ++counters_.fence_waits;
+  completed_ = std::max(completed_, std::min(fence, last_fence_));
+}
+
+void SimUpstream::fail_next_reserves(int count, UpstreamStatus status) {
+  std::lock_guard lock(mu_);
+  fail_count_ = count;
+  fail_status_ = status;
+}
+
+void SimUpstream::fail_reserves_above(std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  fail_above_ = bytes;
+}
+
+void SimUpstream::set_foreign_bytes(std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  foreign_ = bytes;
+}
+
+void SimUpstream::set_pending_work(bool pending) {
+  std::lock_guard lock(mu_);
+  pending_work_ = pending;
+}
+
+void SimUpstream::complete_all() {
+  std::lock_guard lock(mu_);
+  completed_ = last_fence_;
+}
+
+void SimUpstream::set_needs_fences(bool needs) {
+  std::lock_guard lock(mu_);
+  needs_fences_ = needs;
+}
+
+SimUpstream::Counters SimUpstream::counters() const {
+  std::lock_guard lock(mu_);
+  return counters_;
+}
+
+std::size_t SimUpstream::used() const {
+  std::lock_guard lock(mu_);
+  return used_;
+}
+
+std::size_t SimUpstream::live_chunks() const {
+  std::lock_guard lock(mu_);
+  return taken_.size();
+}
+
+}  // namespace cupool

@@ -1,1 +1,524 @@
 #include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "device_pool.h"
+#include "sim_upstream.h"
+
+using namespace cupool;
+using trace::EventKind;
+using trace::OomClass;
+
+namespace {
+
+constexpr std::uint64_t MiB = 1ull << 20;
+constexpr std::uint64_t GiB = 1ull << 30;
+
+class RecordingSink : public EventSink {
+ public:
+  void record(const trace::Record& r) override {
+    std::lock_guard lock(mu);
+    events.push_back(r);
+  }
+  std::vector<trace::Record> of(EventKind k) {
+    std::lock_guard lock(mu);
+    std::vector<trace::Record> out;
+    for (const auto& e : events)
+      if (e.kind == k) out.push_back(e);
+    return out;
+  }
+  std::mutex mu;
+  std::vector<trace::Record> events;
+};
+
+struct FakeClock {
+  std::uint64_t t = 1'000'000;
+  static std::uint64_t read(void* self) { return static_cast<FakeClock*>(self)->t; }
+};
+
+Config growth_config(std::uint64_t chunk = 32 * MiB, std::uint64_t chunk_max = 128 * MiB) {
+  Config c;
+  c.policy = PolicyKind::growth;
+  c.growth_chunk = chunk;
+  c.growth_chunk_max = chunk_max;
+  return c;
+}
+
+Config with_limit(Config c, std::uint64_t bytes) {
+  c.limit.all = SizeSpec{bytes, 0};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("pool: growth takes doubling chunks, large requests get their own size", "[pool]") {
+  SimUpstream up(4 * GiB);
+  RecordingSink sink;
+  DevicePool pool(growth_config(32 * MiB, 128 * MiB), 3, up, &sink);
+  CHECK(pool.state().reserved == 0);
+
+  AllocResult a = pool.allocate(1 * MiB);
+  REQUIRE(a.ptr != 0);
+  CHECK(a.oom == OomClass::none);
+  CHECK(pool.state().reserved == 32 * MiB);
+  CHECK(pool.state().in_use == 1 * MiB);
+  auto grows = sink.of(EventKind::grow);
+  REQUIRE(grows.size() == 1);
+  CHECK(grows[0].size == 32 * MiB);
+  CHECK(grows[0].api == std::string("pool"));
+  CHECK(grows[0].has_pool);
+  CHECK(grows[0].device == 3);
+  CHECK(grows[0].pool.reserved == 32 * MiB);
+  CHECK(grows[0].pool.in_use == 1 * MiB);
+  CHECK(grows[0].t_ns > 0);
+
+  // Filling the first chunk makes the next miss take 64 MiB, then 128 MiB, then 128 MiB again.
+  REQUIRE(pool.allocate(31 * MiB).ptr != 0);
+  REQUIRE(pool.allocate(1 * MiB).ptr != 0);
+  CHECK(pool.state().reserved == (32 + 64) * MiB);
+  REQUIRE(pool.allocate(63 * MiB).ptr != 0);
+  REQUIRE(pool.allocate(1 * MiB).ptr != 0);
+  CHECK(pool.state().reserved == (32 + 64 + 128) * MiB);
+  REQUIRE(pool.allocate(127 * MiB).ptr != 0);
+  REQUIRE(pool.allocate(1 * MiB).ptr != 0);
+  CHECK(pool.state().reserved == (32 + 64 + 128 + 128) * MiB);
+  // A request above the step gets round_up(size, 2 MiB).
+  REQUIRE(pool.allocate(300 * MiB + 5).ptr != 0);
+  CHECK(sink.of(EventKind::grow).back().size == 302 * MiB);
+  CHECK(up.counters().reserve_calls == 5);
+}
+
+TEST_CASE("pool: the cap bounds growth; a short chunk is taken when the step does not fit", "[pool]") {
+  SimUpstream up(4 * GiB);
+  RecordingSink sink;
+  DevicePool pool(with_limit(growth_config(64 * MiB, 512 * MiB), 100 * MiB), 0, up, &sink);
+  CHECK(pool.cap() == 100 * MiB);
+  REQUIRE(pool.allocate(64 * MiB).ptr != 0);  // chunk 1: 64 MiB; step is now 128 MiB
+  AllocResult b = pool.allocate(10 * MiB);    // only 36 MiB left under the cap: take that
+  REQUIRE(b.ptr != 0);
+  CHECK(pool.state().reserved == 100 * MiB);
+  REQUIRE(pool.allocate(26 * MiB).ptr != 0);  // fits in the short chunk
+  AllocResult c = pool.allocate(1 * MiB);
+  CHECK(c.ptr == 0);
+  CHECK(c.oom == OomClass::limit);
+  auto ooms = sink.of(EventKind::oom);
+  REQUIRE(ooms.size() == 1);
+  CHECK(ooms[0].oom_class == OomClass::limit);
+  CHECK(ooms[0].size == 1 * MiB);
+  CHECK(ooms[0].pool.reserved == 100 * MiB);
+  CHECK(ooms[0].has_pool);
+}
+
+TEST_CASE("pool: wholly free chunks are given back before reporting out of memory", "[pool]") {
+  SECTION("the driver is full") {
+    SimUpstream up(256 * MiB);
+    RecordingSink sink;
+    DevicePool pool(growth_config(64 * MiB, 64 * MiB), 0, up, &sink);
+    std::vector<std::uint64_t> p;
+    for (int i = 0; i < 4; ++i) p.push_back(pool.allocate(64 * MiB).ptr);
+    for (auto x : p) REQUIRE(x != 0);
+    CHECK(pool.state().reserved == 256 * MiB);
+    pool.deallocate(p[2]);  // adjacent on the device: the driver can give 128 MiB once they are back
+    pool.deallocate(p[3]);
+    AllocResult big = pool.allocate(128 * MiB);
+    REQUIRE(big.ptr != 0);
+    CHECK(sink.of(EventKind::release).size() == 2);
+    CHECK(pool.state().reserved == 256 * MiB);
+    CHECK(up.counters().release_calls == 2);
+  }
+  SECTION("the cap is reached") {
+    SimUpstream up(4 * GiB);
+    DevicePool pool(with_limit(growth_config(64 * MiB, 64 * MiB), 128 * MiB), 0, up, nullptr);
+    std::uint64_t a = pool.allocate(64 * MiB).ptr;
+    std::uint64_t b = pool.allocate(64 * MiB).ptr;
+    REQUIRE(a != 0);
+    REQUIRE(b != 0);
+    pool.deallocate(a);
+    pool.deallocate(b);
+    AllocResult big = pool.allocate(128 * MiB);
+    REQUIRE(big.ptr != 0);
+    CHECK(pool.state().reserved == 128 * MiB);
+  }
+}
+
+TEST_CASE("pool: a chunk wholly free for release_idle_ns is given back", "[pool]") {
+  SimUpstream up(4 * GiB);
+  RecordingSink sink;
+  Config cfg = growth_config(64 * MiB, 64 * MiB);
+  cfg.release_idle_ns = 1000;
+  FakeClock clock;
+  DevicePool pool(cfg, 0, up, &sink);
+  pool.set_clock(&FakeClock::read, &clock);
+
+  std::uint64_t x = pool.allocate(64 * MiB).ptr;  // chunk 1
+  std::uint64_t y = pool.allocate(64 * MiB).ptr;  // chunk 2
+  REQUIRE(x != 0);
+  REQUIRE(y != 0);
+  clock.t += 100;
+  pool.deallocate(x);  // chunk 1 idle from here
+  clock.t += 800;
+  pool.deallocate(y);  // chunk 2 idle from here
+  clock.t += 150;      // chunk 1 idle 950 ns: not yet
+  CHECK(pool.block_size(pool.allocate(0).ptr) == 0);  // size 0 touches nothing
+  std::uint64_t z = pool.allocate(512).ptr;
+  REQUIRE(z != 0);
+  CHECK(up.counters().release_calls == 0);
+  pool.deallocate(z);
+  clock.t += 60;  // chunk 1 idle 1010 ns, chunk 2 (freed again just now) 60 ns
+  std::uint64_t w = pool.allocate(512).ptr;
+  REQUIRE(w != 0);
+  CHECK(up.counters().release_calls == 1);
+  CHECK(pool.state().reserved == 64 * MiB);
+  REQUIRE(sink.of(EventKind::release).size() == 1);
+  CHECK(sink.of(EventKind::release)[0].pool.reserved == 64 * MiB);
+  pool.deallocate(w);
+  clock.t += 2000;
+  pool.deallocate(pool.allocate(512).ptr);  // the check on allocate releases the other one...
+  CHECK(up.counters().release_calls == 2);  // ...before the allocation grows a new chunk
+  CHECK(up.counters().reserve_calls == 3);
+}
+
+TEST_CASE("pool: no idle release unless configured", "[pool]") {
+  SimUpstream up(4 * GiB);
+  FakeClock clock;
+  DevicePool pool(growth_config(), 0, up, nullptr);
+  pool.set_clock(&FakeClock::read, &clock);
+  pool.deallocate(pool.allocate(MiB).ptr);
+  clock.t += 1'000'000'000'000ull;
+  pool.deallocate(pool.allocate(MiB).ptr);
+  CHECK(up.counters().release_calls == 0);
+  CHECK(pool.state().reserved == 32 * MiB);
+}
+
+TEST_CASE("pool: preallocate reserves once and never grows past it", "[pool]") {
+  SimUpstream up(1 * GiB);
+  RecordingSink sink;
+  Config cfg;
+  cfg.policy = PolicyKind::preallocate;
+  cfg.preallocate = SizeSpec{256 * MiB, 0};
+  DevicePool pool(cfg, 0, up, &sink);
+  CHECK(pool.state().reserved == 0);  // nothing until first use
+  std::vector<std::uint64_t> p;
+  for (int i = 0; i < 4; ++i) p.push_back(pool.allocate(64 * MiB).ptr);
+  for (auto x : p) REQUIRE(x != 0);
+  CHECK(up.counters().reserve_calls == 1);
+  CHECK(pool.state().reserved == 256 * MiB);
+
+  AllocResult full = pool.allocate(1 * MiB);
+  CHECK(full.ptr == 0);
+  CHECK(full.oom == OomClass::limit);
+
+  pool.deallocate(p[0]);
+  pool.deallocate(p[2]);
+  AllocResult frag = pool.allocate(100 * MiB);  // 128 MiB free, but in two 64 MiB holes
+  CHECK(frag.ptr == 0);
+  CHECK(frag.oom == OomClass::fragmentation);
+  CHECK(pool.state().largest_free == 64 * MiB);
+  CHECK(up.counters().reserve_calls == 1);
+  CHECK(up.counters().release_calls == 0);  // the preallocation is not trimmed on the way
+  auto ooms = sink.of(EventKind::oom);
+  REQUIRE(ooms.size() == 2);
+  CHECK(ooms[1].oom_class == OomClass::fragmentation);
+  CHECK(ooms[1].pool.free_blocks == 2);
+}
+
+TEST_CASE("pool: preallocate a share of the device, clamped to the cap, optionally growing", "[pool]") {
+  SimUpstream up(1 * GiB);
+  Config cfg;
+  cfg.policy = PolicyKind::preallocate;
+  cfg.preallocate = SizeSpec{0, 75.0};
+  SECTION("percent of the device") {
+    DevicePool pool(cfg, 0, up, nullptr);
+    REQUIRE(pool.allocate(1).ptr != 0);
+    CHECK(pool.state().reserved == 768 * MiB);
+  }
+  SECTION("clamped to the cap") {
+    DevicePool pool(with_limit(cfg, 512 * MiB), 0, up, nullptr);
+    REQUIRE(pool.allocate(1).ptr != 0);
+    CHECK(pool.state().reserved == 512 * MiB);
+  }
+  SECTION("with grow") {
+    cfg.preallocate = SizeSpec{64 * MiB, 0};
+    cfg.preallocate_grow = true;
+    cfg.growth_chunk = 32 * MiB;
+    DevicePool pool(cfg, 0, up, nullptr);
+    REQUIRE(pool.allocate(64 * MiB).ptr != 0);
+    CHECK(pool.state().reserved == 64 * MiB);
+    REQUIRE(pool.allocate(1 * MiB).ptr != 0);
+    CHECK(pool.state().reserved == 96 * MiB);
+  }
+  SECTION("the driver refuses the preallocation: retry with what it has free") {
+    up.set_foreign_bytes(512 * MiB);
+    DevicePool pool(cfg, 0, up, nullptr);
+    REQUIRE(pool.allocate(1).ptr != 0);
+    CHECK(pool.state().reserved == 512 * MiB);
+  }
+  SECTION("explicit trim gives the preallocation back; the next use takes it again") {
+    cfg.preallocate = SizeSpec{64 * MiB, 0};
+    DevicePool pool(cfg, 0, up, nullptr);
+    pool.deallocate(pool.allocate(1).ptr);
+    pool.trim();
+    CHECK(pool.state().reserved == 0);
+    REQUIRE(pool.allocate(1).ptr != 0);
+    CHECK(pool.state().reserved == 64 * MiB);
+    CHECK(up.counters().reserve_calls == 2);
+  }
+}
+
+TEST_CASE("pool: external charges count against the cap", "[pool]") {
+  SimUpstream up(4 * GiB);
+  RecordingSink sink;
+  DevicePool pool(with_limit(growth_config(32 * MiB, 32 * MiB), 256 * MiB), 0, up, &sink);
+  CHECK(pool.try_charge_external(200 * MiB));
+  CHECK(pool.external() == 200 * MiB);
+  AllocResult a = pool.allocate(60 * MiB);
+  CHECK(a.ptr == 0);
+  CHECK(a.oom == OomClass::limit);
+  REQUIRE(pool.allocate(50 * MiB).ptr != 0);  // 56 MiB left: a 50 MiB chunk
+  CHECK_FALSE(pool.try_charge_external(10 * MiB));
+  CHECK(sink.of(EventKind::oom).back().oom_class == OomClass::limit);
+  pool.uncharge_external(200 * MiB);
+  CHECK(pool.try_charge_external(150 * MiB));
+  pool.uncharge_external(150 * MiB);
+
+  // A wholly free chunk is given back rather than refusing an external allocation.
+  DevicePool pool2(with_limit(growth_config(128 * MiB, 128 * MiB), 256 * MiB), 0, up, nullptr);
+  pool2.deallocate(pool2.allocate(MiB).ptr);
+  CHECK(pool2.state().reserved == 128 * MiB);
+  CHECK(pool2.try_charge_external(200 * MiB));
+  CHECK(pool2.state().reserved == 0);
+}
+
+TEST_CASE("pool: mem_info reports the cap and what the process could still get", "[pool]") {
+  SimUpstream up(1 * GiB);
+  std::size_t free = 0, total = 0;
+  SECTION("with a cap") {
+    DevicePool pool(with_limit(growth_config(32 * MiB), 512 * MiB), 0, up, nullptr);
+    pool.mem_info(&free, &total);
+    CHECK(total == 512 * MiB);
+    CHECK(free == 512 * MiB);
+    REQUIRE(pool.allocate(1 * MiB).ptr != 0);
+    pool.mem_info(&free, &total);
+    CHECK(free == 511 * MiB);  // (512 - 32) under the cap + 31 free in the pool
+    CHECK(pool.try_charge_external(100 * MiB));
+    pool.mem_info(&free, &total);
+    CHECK(free == 411 * MiB);
+    up.set_foreign_bytes(800 * MiB);  // the driver has only 1024 - 32 - 800 = 192 MiB
+    pool.mem_info(&free, &total);
+    CHECK(free == (192 + 31) * MiB);
+  }
+  SECTION("without a cap") {
+    DevicePool pool(growth_config(32 * MiB), 0, up, nullptr);
+    CHECK(pool.cap() == 1 * GiB);
+    REQUIRE(pool.allocate(1 * MiB).ptr != 0);
+    pool.mem_info(&free, &total);
+    CHECK(total == 1 * GiB);
+    CHECK(free == 1023 * MiB);
+  }
+  SECTION("percent cap") {
+    Config cfg = growth_config();
+    cfg.limit.all = SizeSpec{0, 50.0};
+    cfg.limit.per_device = {{1, SizeSpec{0, 25.0}}};
+    DevicePool p0(cfg, 0, up, nullptr);
+    DevicePool p1(cfg, 1, up, nullptr);
+    CHECK(p0.cap() == 512 * MiB);
+    CHECK(p1.cap() == 256 * MiB);
+  }
+}
+
+TEST_CASE("pool: driver out of memory is class device with the driver's code", "[pool]") {
+  SimUpstream up(1 * GiB);
+  RecordingSink sink;
+  DevicePool pool(growth_config(), 0, up, &sink);
+  up.fail_next_reserves(4);
+  AllocResult a = pool.allocate(1 * MiB);
+  CHECK(a.ptr == 0);
+  CHECK(a.oom == OomClass::device);
+  CHECK(a.driver_code == SimUpstream::kOutOfMemoryCode);
+  auto ooms = sink.of(EventKind::oom);
+  REQUIRE(ooms.size() == 1);
+  CHECK(ooms[0].oom_class == OomClass::device);
+  CHECK(ooms[0].rc == SimUpstream::kOutOfMemoryCode);
+  // Recovers once the driver has room again.
+  up.fail_next_reserves(0);
+  REQUIRE(pool.allocate(1 * MiB).ptr != 0);
+
+  SECTION("a step larger than the driver can give falls back to what is needed") {
+    SimUpstream dev(1 * GiB);
+    dev.fail_reserves_above(16 * MiB);
+    DevicePool p(growth_config(64 * MiB), 0, dev, nullptr);
+    AllocResult r = p.allocate(10 * MiB);
+    REQUIRE(r.ptr != 0);
+    CHECK(p.state().reserved == 10 * MiB);
+    AllocResult big = p.allocate(40 * MiB);
+    CHECK(big.oom == OomClass::device);
+  }
+  SECTION("without a configured limit, the device total is the bound, and running past it is class device") {
+    SimUpstream small(40 * MiB);
+    DevicePool p(growth_config(64 * MiB), 0, small, nullptr);
+    REQUIRE(p.allocate(10 * MiB).ptr != 0);
+    CHECK(p.state().reserved == 40 * MiB);  // the step is cut to what the device has
+    AllocResult big = p.allocate(40 * MiB);
+    CHECK(big.oom == OomClass::device);
+  }
+  SECTION("fragmentation takes precedence when the pool holds enough free bytes") {
+    SimUpstream dev(128 * MiB);
+    DevicePool p(growth_config(64 * MiB, 64 * MiB), 0, dev, nullptr);
+    std::uint64_t a1 = p.allocate(32 * MiB).ptr;
+    std::uint64_t a2 = p.allocate(32 * MiB).ptr;
+    std::uint64_t b1 = p.allocate(32 * MiB).ptr;
+    std::uint64_t b2 = p.allocate(32 * MiB).ptr;
+    REQUIRE((a1 && a2 && b1 && b2));
+    p.deallocate(a1);
+    p.deallocate(b2);
+    AllocResult r = p.allocate(48 * MiB);
+    CHECK(r.ptr == 0);
+    CHECK(r.oom == OomClass::fragmentation);
+  }
+}
+
+TEST_CASE("pool: double free and foreign pointers leave the pool intact", "[pool]") {
+  SimUpstream up(1 * GiB);
+  DevicePool pool(growth_config(), 0, up, nullptr);
+  std::uint64_t a = pool.allocate(4096).ptr;
+  std::uint64_t b = pool.allocate(8192).ptr;
+  REQUIRE(a != 0);
+  REQUIRE(b != 0);
+  CHECK(pool.deallocate(a) == FreeResult::freed);
+  trace::PoolState before = pool.state();
+  CHECK(pool.deallocate(a) == FreeResult::double_free);
+  CHECK(pool.deallocate(b + 512) == FreeResult::not_owned);
+  CHECK(pool.deallocate(0x1000) == FreeResult::not_owned);
+  CHECK(pool.deallocate(0) == FreeResult::not_owned);
+  trace::PoolState after = pool.state();
+  CHECK(after.in_use == before.in_use);
+  CHECK(after.free_blocks == before.free_blocks);
+  CHECK(after.reserved == before.reserved);
+  CHECK(pool.block_size(b) == 8192);
+  CHECK(pool.owns(b + 100));
+  CHECK(pool.owns(a));  // inside the pool: its frees belong here even when bogus
+  CHECK_FALSE(pool.owns(0x1000));
+  CHECK(pool.block_size(a) == 0);
+
+  std::uint64_t base = 0;
+  std::size_t size = 0;
+  REQUIRE(pool.block_range(b + 8000, &base, &size));
+  CHECK(base == b);
+  CHECK(size == 8192);
+  CHECK_FALSE(pool.block_range(a + 1, &base, &size));  // freed memory is nobody's block
+  CHECK(pool.deallocate(b) == FreeResult::freed);
+  CHECK(pool.state().in_use == 0);
+  CHECK(pool.state().free_blocks == 1);
+}
+
+TEST_CASE("pool: the destructor releases chunks; abandon forgets them", "[pool]") {
+  SimUpstream up(1 * GiB);
+  {
+    DevicePool pool(growth_config(32 * MiB, 32 * MiB), 0, up, nullptr);
+    pool.allocate(32 * MiB);
+    pool.allocate(32 * MiB);
+  }
+  CHECK(up.counters().release_calls == 2);
+  CHECK(up.counters().bad_releases == 0);
+  CHECK(up.live_chunks() == 0);
+  {
+    DevicePool pool(growth_config(32 * MiB, 32 * MiB), 0, up, nullptr);
+    std::uint64_t p = pool.allocate(32 * MiB).ptr;
+    pool.abandon();
+    CHECK(pool.state().reserved == 0);
+    CHECK_FALSE(pool.owns(p));
+    CHECK(pool.deallocate(p) == FreeResult::not_owned);
+    CHECK(pool.allocate(1).ptr == 0);
+  }
+  CHECK(up.counters().release_calls == 2);  // nothing more
+  CHECK(up.live_chunks() == 1);             // the context would have taken it with it
+}
+
+TEST_CASE("pool: sync free waits for the device on every free", "[pool]") {
+  SimUpstream up(1 * GiB);
+  DevicePool pool(growth_config(), 0, up, nullptr);
+  std::uint64_t a = pool.allocate(MiB).ptr;
+  pool.deallocate(a);
+  CHECK(up.counters().synchronizes == 1);
+  CHECK(pool.allocate(MiB).ptr == a);  // reusable at once
+}
+
+TEST_CASE("pool: deferred free", "[pool]") {
+  SimUpstream up(1 * GiB);
+  RecordingSink sink;
+  Config cfg = growth_config(32 * MiB, 32 * MiB);
+  cfg.free_mode = FreeMode::deferred;
+
+  SECTION("one stream: reuse at once, no fence, no wait") {
+    up.set_needs_fences(false);
+    DevicePool pool(cfg, 0, up, &sink);
+    std::uint64_t a = pool.allocate(MiB).ptr;
+    CHECK(pool.deallocate(a) == FreeResult::freed);
+    CHECK(pool.allocate(MiB).ptr == a);
+    CHECK(up.counters().synchronizes == 0);
+    CHECK(up.counters().fences_placed == 0);
+  }
+  SECTION("fences pending: a miss grows rather than block; completion makes the blocks reusable") {
+    up.set_pending_work(true);
+    DevicePool pool(cfg, 0, up, &sink);
+    std::uint64_t a = pool.allocate(32 * MiB).ptr;
+    REQUIRE(a != 0);
+    CHECK(pool.deallocate(a) == FreeResult::freed);
+    CHECK(pool.state().quarantined == 32 * MiB);
+    CHECK(pool.state().in_use == 0);
+    CHECK(pool.deallocate(a) == FreeResult::double_free);  // quarantined: still a double free
+    CHECK(pool.block_size(a) == 0);
+    std::uint64_t b = pool.allocate(32 * MiB).ptr;  // fence not retired: a new chunk
+    REQUIRE(b != 0);
+    CHECK(b != a);
+    CHECK(up.counters().fences_placed == 1);
+    CHECK(up.counters().fence_waits == 0);
+    CHECK(pool.state().reserved == 64 * MiB);
+    up.complete_all();
+    std::uint64_t c = pool.allocate(32 * MiB).ptr;  // retired: reused, no growth
+    CHECK(c == a);
+    CHECK(pool.state().quarantined == 0);
+    CHECK(pool.state().reserved == 64 * MiB);
+    auto retired = sink.of(EventKind::fence_retired);
+    REQUIRE(retired.size() == 1);
+    CHECK(retired[0].size == 32 * MiB);
+  }
+  SECTION("fences pending and no room to grow: wait for the oldest fence") {
+    up.set_pending_work(true);
+    DevicePool pool(with_limit(cfg, 64 * MiB), 0, up, &sink);
+    std::uint64_t a = pool.allocate(32 * MiB).ptr;
+    std::uint64_t b = pool.allocate(32 * MiB).ptr;
+    REQUIRE((a && b));
+    pool.deallocate(a);
+    std::uint64_t c = pool.allocate(32 * MiB).ptr;
+    CHECK(c == a);
+    CHECK(up.counters().fence_waits == 1);
+    CHECK(pool.state().quarantined == 0);
+    CHECK(sink.of(EventKind::oom).empty());
+  }
+  SECTION("frees are batched: one fence per batch") {
+    up.set_pending_work(true);
+    DevicePool pool(cfg, 0, up, &sink);
+    std::vector<std::uint64_t> p;
+    for (std::size_t i = 0; i < DevicePool::kBatchBlocks * 2; ++i) p.push_back(pool.allocate(4096).ptr);
+    for (auto x : p) pool.deallocate(x);
+    CHECK(up.counters().fences_placed == 2);
+    CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 2 * 4096);
+    up.complete_all();
+    // The next seal polls the oldest fences and frees their blocks.
+    std::vector<std::uint64_t> q;
+    for (std::size_t i = 0; i < DevicePool::kBatchBlocks; ++i) q.push_back(pool.allocate(4096).ptr);
+    for (auto x : q) pool.deallocate(x);
+    CHECK(up.counters().fences_placed == 3);
+    CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 4096);
+    CHECK(pool.state().reserved == 32 * MiB);
+  }
+  SECTION("large frees seal a batch by bytes") {
+    up.set_pending_work(true);
+    DevicePool pool(cfg, 0, up, &sink);
+    pool.deallocate(pool.allocate(DevicePool::kBatchBytes).ptr);
+    CHECK(up.counters().fences_placed == 1);
+  }
+}
