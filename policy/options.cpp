@@ -68,11 +68,13 @@ bool take_decimal(std::string_view& s, Decimal& d, std::string& why) {
   return true;
 }
 
+__extension__ typedef unsigned __int128 u128;
+
 // value * unit, exactly, rounded down. False on overflow.
 bool scale(const Decimal& d, std::uint64_t unit, std::uint64_t& out) {
   std::uint64_t whole;
   if (__builtin_mul_overflow(d.integer, unit, &whole)) return false;
-  const auto part = static_cast<std::uint64_t>(static_cast<unsigned __int128>(d.fraction) * unit / d.fraction_scale);
+  const auto part = static_cast<std::uint64_t>(static_cast<u128>(d.fraction) * unit / d.fraction_scale);
   return !__builtin_add_overflow(whole, part, &out);
 }
 

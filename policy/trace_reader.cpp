@@ -1,0 +1,590 @@
+#include "trace_reader.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+
+namespace cupool {
+namespace {
+
+namespace tk = trace::key;
+
+constexpr std::size_t kInitialBuffer = 1 << 20;
+constexpr std::size_t kMaxLine = 64 << 20;  // a header with a huge command line still fits
+constexpr int kMaxDepth = 64;                // nesting in skipped values
+
+template <typename Enum, std::size_t N>
+bool lookup_name(std::string_view name, const std::array<std::string_view, N>& names, Enum& out) {
+  for (std::size_t i = 0; i < N; ++i)
+    if (names[i] == name) {
+      out = static_cast<Enum>(i);
+      return true;
+    }
+  return false;
+}
+
+// Event fields, as bits, to find the missing ones.
+enum Field : std::uint32_t {
+  f_t = 1u << 0, f_tid = 1u << 1, f_ev = 1u << 2, f_api = 1u << 3, f_path = 1u << 4, f_dev = 1u << 5,
+  f_size = 1u << 6, f_ptr = 1u << 7, f_rc = 1u << 8, f_dur = 1u << 9,
+};
+constexpr std::uint32_t kRequired = f_t | f_tid | f_ev | f_api | f_path | f_dev | f_size | f_ptr | f_rc | f_dur;
+constexpr std::pair<Field, std::string_view> kRequiredNames[] = {
+    {f_t, tk::t},       {f_tid, tk::tid},   {f_ev, tk::ev},   {f_api, tk::api}, {f_path, tk::path},
+    {f_dev, tk::dev},   {f_size, tk::size}, {f_ptr, tk::ptr}, {f_rc, tk::rc},   {f_dur, tk::dur}};
+
+// A flat JSON object, scanned in place. Errors are returned as text; the reader adds the place.
+class Scanner {
+ public:
+  Scanner(const char* p, const char* end) : p_(p), end_(end) {}
+
+  std::string error;
+
+  bool ok() const { return error.empty(); }
+  void ws() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\r')) ++p_;
+  }
+  bool at_end() {
+    ws();
+    return p_ == end_;
+  }
+  bool eat(char c) {
+    ws();
+    if (p_ < end_ && *p_ == c) {
+      ++p_;
+      return true;
+    }
+    return false;
+  }
+  bool expect(char c, const char* what) {
+    if (eat(c)) return true;
+    return set_error(p_ < end_ ? fmt::format("expected {} at column {}", what, column())
+                               : fmt::format("expected {}, the line ends", what));
+  }
+  bool set_error(std::string e) {
+    if (error.empty()) error = std::move(e);
+    return false;
+  }
+  std::size_t column() const { return static_cast<std::size_t>(p_ - start_) + 1; }
+  void set_start(const char* s) { start_ = s; }
+
+  // A string without escapes comes back as a view of the line; with escapes it is decoded into
+  // `storage` and the view points there.
+  bool string(std::string_view& out, std::string& storage) {
+    ws();
+    if (p_ >= end_ || *p_ != '"') return set_error(fmt::format("expected a string at column {}", column()));
+    const char* s = ++p_;
+    while (p_ < end_ && *p_ != '"' && *p_ != '\\' && static_cast<unsigned char>(*p_) >= 0x20) ++p_;
+    if (p_ < end_ && *p_ == '"') {
+      out = std::string_view(s, static_cast<std::size_t>(p_ - s));
+      ++p_;
+      return true;
+    }
+    storage.assign(s, p_);
+    while (p_ < end_) {
+      const char c = *p_++;
+      if (c == '"') {
+        out = storage;
+        return true;
+      }
+      if (static_cast<unsigned char>(c) < 0x20) return set_error("a control character inside a string");
+      if (c != '\\') {
+        storage += c;
+        continue;
+      }
+      if (p_ >= end_) break;
+      switch (const char e = *p_++) {
+        case '"': storage += '"'; break;
+        case '\\': storage += '\\'; break;
+        case '/': storage += '/'; break;
+        case 'b': storage += '\b'; break;
+        case 'f': storage += '\f'; break;
+        case 'n': storage += '\n'; break;
+        case 'r': storage += '\r'; break;
+        case 't': storage += '\t'; break;
+        case 'u': {
+          std::uint32_t cp;
+          if (!hex4(cp)) return set_error("a bad \\u escape");
+          if (cp >= 0xd800 && cp <= 0xdbff) {  // a surrogate pair
+            std::uint32_t low;
+            if (end_ - p_ < 6 || p_[0] != '\\' || p_[1] != 'u') return set_error("a lone surrogate in \\u escape");
+            p_ += 2;
+            if (!hex4(low) || low < 0xdc00 || low > 0xdfff) return set_error("a lone surrogate in \\u escape");
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (low - 0xdc00);
+          } else if (cp >= 0xdc00 && cp <= 0xdfff) {
+            return set_error("a lone surrogate in \\u escape");
+          }
+          append_utf8(storage, cp);
+          break;
+        }
+        default:
+          (void)e;
+          return set_error("a bad escape in a string");
+      }
+    }
+    return set_error("a string is not closed");
+  }
+
+  bool skip_string() {
+    std::string_view ignored;
+    return string(ignored, skip_storage_);
+  }
+
+  // A JSON number token (not checked beyond its characters).
+  std::string_view number_token() {
+    ws();
+    const char* s = p_;
+    while (p_ < end_ && ((*p_ >= '0' && *p_ <= '9') || *p_ == '-' || *p_ == '+' || *p_ == '.' || *p_ == 'e' ||
+                         *p_ == 'E'))
+      ++p_;
+    return std::string_view(s, static_cast<std::size_t>(p_ - s));
+  }
+
+  bool u64(std::uint64_t& out) {
+    const std::string_view tok = number_token();
+    const auto [q, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), out);
+    return !tok.empty() && ec == std::errc() && q == tok.data() + tok.size();
+  }
+  bool i64(std::int64_t& out) {
+    const std::string_view tok = number_token();
+    const auto [q, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), out);
+    return !tok.empty() && ec == std::errc() && q == tok.data() + tok.size();
+  }
+  // "0x7f00" (as the writer writes addresses and handles), or a plain number.
+  bool address(std::uint64_t& out) {
+    ws();
+    if (p_ < end_ && *p_ != '"') return u64(out);
+    std::string_view s;
+    if (!string(s, skip_storage_)) return false;
+    if (s.size() < 3 || s.size() > 18 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return false;
+    const auto [q, ec] = std::from_chars(s.data() + 2, s.data() + s.size(), out, 16);
+    return ec == std::errc() && q == s.data() + s.size();
+  }
+
+  // Any JSON value; nested objects and arrays are checked for balance only.
+  bool skip_value() {
+    ws();
+    if (p_ >= end_) return set_error("a value is missing, the line ends");
+    const char c = *p_;
+    if (c == '"') return skip_string();
+    if (c == '{' || c == '[') {
+      char stack[kMaxDepth];
+      int depth = 0;
+      while (p_ < end_) {
+        const char d = *p_;
+        if (d == '"') {
+          if (!skip_string()) return false;
+          continue;
+        }
+        ++p_;
+        if (d == '{' || d == '[') {
+          if (depth == kMaxDepth) return set_error("a value nested too deep");
+          stack[depth++] = d == '{' ? '}' : ']';
+        } else if (d == '}' || d == ']') {
+          if (depth == 0 || stack[depth - 1] != d) return set_error("unbalanced brackets");
+          if (--depth == 0) return true;
+        }
+      }
+      return set_error("a value is not closed");
+    }
+    for (std::string_view lit : {"true", "false", "null"})
+      if (static_cast<std::size_t>(end_ - p_) >= lit.size() && std::string_view(p_, lit.size()) == lit) {
+        p_ += lit.size();
+        return true;
+      }
+    const std::string_view tok = number_token();
+    double ignored;
+    const auto [q, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), ignored);
+    if (tok.empty() || ec != std::errc() || q != tok.data() + tok.size())
+      return set_error(fmt::format("not a JSON value at column {}", column()));
+    return true;
+  }
+
+ private:
+  bool hex4(std::uint32_t& cp) {
+    if (end_ - p_ < 4) return false;
+    const auto [q, ec] = std::from_chars(p_, p_ + 4, cp, 16);
+    if (ec != std::errc() || q != p_ + 4) return false;
+    p_ += 4;
+    return true;
+  }
+  static void append_utf8(std::string& s, std::uint32_t cp) {
+    if (cp < 0x80) {
+      s += static_cast<char>(cp);
+    } else if (cp < 0x800) {
+      s += static_cast<char>(0xc0 | (cp >> 6));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    } else if (cp < 0x10000) {
+      s += static_cast<char>(0xe0 | (cp >> 12));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    } else {
+      s += static_cast<char>(0xf0 | (cp >> 18));
+      s += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+      s += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+      s += static_cast<char>(0x80 | (cp & 0x3f));
+    }
+  }
+
+  const char* p_;
+  const char* end_;
+  const char* start_ = nullptr;
+  std::string skip_storage_;
+};
+
+// nlohmann accessors with messages in the reader's words.
+struct JsonFields {
+  const nlohmann::json& j;
+  std::string_view what;  // "header", "footer", "device line"
+
+  const nlohmann::json& need(const char* key) const {
+    const auto it = j.find(key);
+    if (it == j.end()) throw std::invalid_argument(fmt::format("{} has no \"{}\"", what, key));
+    return *it;
+  }
+  std::uint64_t u64(const char* key) const {
+    const auto& v = need(key);
+    if (!v.is_number_unsigned()) throw std::invalid_argument(fmt::format("{} field \"{}\": expected a non-negative integer", what, key));
+    return v.get<std::uint64_t>();
+  }
+  std::int64_t i64(const char* key) const {
+    const auto& v = need(key);
+    if (!v.is_number_integer()) throw std::invalid_argument(fmt::format("{} field \"{}\": expected an integer", what, key));
+    return v.get<std::int64_t>();
+  }
+  int int_in(const char* key, std::int64_t lo, std::int64_t hi) const {
+    const std::int64_t v = i64(key);
+    if (v < lo || v > hi) throw std::invalid_argument(fmt::format("{} field \"{}\": {} is out of range", what, key, v));
+    return static_cast<int>(v);
+  }
+  std::string str(const char* key) const {
+    const auto& v = need(key);
+    if (!v.is_string()) throw std::invalid_argument(fmt::format("{} field \"{}\": expected a string", what, key));
+    return v.get<std::string>();
+  }
+};
+
+DeviceInfo device_from(const nlohmann::json& j, std::string_view what) {
+  if (!j.is_object()) throw std::invalid_argument(fmt::format("{}: expected an object", what));
+  const JsonFields f{j, what};
+  return DeviceInfo{f.int_in("index", 0, 1 << 20), f.str("name"), f.u64("total_bytes")};
+}
+
+}  // namespace
+
+TraceReader::TraceReader(std::istream& in, std::string source_name)
+    : in_(in), source_(std::move(source_name)), buf_(kInitialBuffer) {
+  read_header();
+}
+
+void TraceReader::fail(const std::string& what) const {
+  if (last_line_cut_)
+    throw TraceError(fmt::format("{}:{}: the last line is cut short (was the process killed while writing?): {}",
+                                 source_, line_, what));
+  throw TraceError(fmt::format("{}:{}: {}", source_, line_, what));
+}
+
+bool TraceReader::read_line(std::string_view& line) {
+  for (;;) {
+    if (begin_ < end_) {
+      const char* s = buf_.data() + begin_;
+      if (const void* nl = std::memchr(s, '\n', end_ - begin_)) {
+        const auto len = static_cast<std::size_t>(static_cast<const char*>(nl) - s);
+        line = std::string_view(s, len);
+        begin_ += len + 1;
+        ++line_;
+        last_line_cut_ = false;
+        return true;
+      }
+    }
+    if (eof_) {
+      if (begin_ == end_) return false;
+      line = std::string_view(buf_.data() + begin_, end_ - begin_);
+      begin_ = end_;
+      ++line_;
+      last_line_cut_ = true;
+      return true;
+    }
+    // Keep the partial line, make room, read more.
+    if (begin_ > 0) {
+      std::memmove(buf_.data(), buf_.data() + begin_, end_ - begin_);
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    if (end_ == buf_.size()) {
+      if (buf_.size() >= kMaxLine) {
+        ++line_;
+        fail(fmt::format("a line longer than {} bytes; not a cupool trace", kMaxLine));
+      }
+      buf_.resize(buf_.size() * 2);
+    }
+    in_.read(buf_.data() + end_, static_cast<std::streamsize>(buf_.size() - end_));
+    const auto got = static_cast<std::size_t>(in_.gcount());
+    end_ += got;
+    if (got == 0 || !in_) {
+      if (in_.bad()) throw TraceError(fmt::format("{}: read error", source_));
+      if (got == 0) eof_ = true;
+      if (in_.eof()) eof_ = true;
+    }
+  }
+}
+
+void TraceReader::read_header() {
+  std::string_view line;
+  if (!read_line(line)) throw TraceError(fmt::format("{}: the file is empty; not a cupool trace", source_));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line.begin(), line.end());
+  } catch (const nlohmann::json::exception&) {
+    fail("the first line is not JSON; not a cupool trace");
+  }
+  if (!j.is_object() || !j.contains("type") || j["type"] != std::string(trace::line::header))
+    fail("the first line is not a cupool trace header");
+  if (!j.contains("format") || j["format"] != std::string(trace::kFormatName)) fail("not a cupool trace (the header's \"format\" is not \"cupool-trace\")");
+  const auto version = j.find("version");
+  if (version == j.end() || !version->is_string()) fail("header field \"version\": expected a string \"MAJOR.MINOR\"");
+  const std::string v = version->get<std::string>();
+  int major = 0, minor = 0;
+  const auto dot = v.find('.');
+  const char* b = v.data();
+  const char* e = v.data() + v.size();
+  if (dot == std::string::npos || std::from_chars(b, b + dot, major).ptr != b + dot ||
+      std::from_chars(b + dot + 1, e, minor).ptr != e || dot == 0 || dot + 1 == v.size())
+    fail(fmt::format("header field \"version\": \"{}\" is not \"MAJOR.MINOR\"", v));
+  if (major > trace::kFormatMajor)
+    throw TraceError(fmt::format("{}: trace format version {} is newer than this cupool understands ({}.x); upgrade cupool",
+                                 source_, v, trace::kFormatMajor));
+  if (major < trace::kFormatMajor)
+    throw TraceError(fmt::format("{}: trace format version {} is older than this cupool reads ({}.x)", source_, v,
+                                 trace::kFormatMajor));
+  try {
+    const JsonFields f{j, "header"};
+    header_.major = major;
+    header_.minor = minor;
+    header_.cupool_version = f.str("cupool_version");
+    header_.pid = f.i64("pid");
+    header_.ppid = f.i64("ppid");
+    header_.host = f.str("host");
+    const auto& cmdline = f.need("cmdline");
+    if (!cmdline.is_array()) throw std::invalid_argument("header field \"cmdline\": expected an array of strings");
+    for (const auto& arg : cmdline) {
+      if (!arg.is_string()) throw std::invalid_argument("header field \"cmdline\": expected an array of strings");
+      header_.cmdline.push_back(arg.get<std::string>());
+    }
+    header_.start_unix_ns = f.u64("start_unix_ns");
+    header_.start_mono_ns = f.u64("start_mono_ns");
+    header_.config = f.need("config");
+    if (!header_.config.is_object()) throw std::invalid_argument("header field \"config\": expected an object");
+    if (const auto d = j.find("devices"); d != j.end()) {
+      if (!d->is_array()) throw std::invalid_argument("header field \"devices\": expected an array");
+      for (const auto& dev : *d) add_device(device_from(dev, "header device"));
+    }
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  }
+}
+
+bool TraceReader::next(Event& out) {
+  std::string_view line;
+  while (read_line(line)) {
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;  // blank
+    if (footer_) fail("a line after the footer");
+    if (parse_line(line, out) == Parsed::event) {
+      ++events_read_;
+      return true;
+    }
+  }
+  return false;
+}
+
+TraceReader::Parsed TraceReader::parse_line(std::string_view line, Event& out) {
+  // The writer always starts event lines so; anything else takes the general road.
+  static constexpr std::string_view kEventStart = R"({"type":"event",)";
+  if (line.substr(0, kEventStart.size()) == kEventStart) {
+    parse_event(line, out);
+    return Parsed::event;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line.begin(), line.end());
+  } catch (const nlohmann::json::exception& e) {
+    const std::string what = e.what();
+    fail("not valid JSON: " + what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2));
+  }
+  if (!j.is_object()) fail("not a JSON object");
+  const auto type = j.find("type");
+  if (type == j.end()) fail("a line without \"type\"");
+  if (!type->is_string()) fail("\"type\": expected a string");
+  const std::string& t = type->get_ref<const std::string&>();
+  if (t == trace::line::event) {
+    parse_event(line, out);
+    return Parsed::event;
+  }
+  parse_other(j, t);
+  return Parsed::skipped;
+}
+
+void TraceReader::parse_other(const nlohmann::json& j, std::string_view type) {
+  try {
+    if (type == trace::line::device) {
+      add_device(device_from(j, "device line"));
+    } else if (type == trace::line::drop) {
+      dropped_ += JsonFields{j, "drop line"}.u64("count");
+    } else if (type == trace::line::footer) {
+      const JsonFields f{j, "footer"};
+      Footer footer;
+      footer.events = f.u64("events");
+      footer.dropped = f.u64("dropped");
+      footer.allocs = f.u64("allocs");
+      footer.frees = f.u64("frees");
+      footer.ooms = f.u64("ooms");
+      footer.end_mono_ns = f.u64("end_mono_ns");
+      const auto& devices = f.need("devices");
+      if (!devices.is_array()) throw std::invalid_argument("footer field \"devices\": expected an array");
+      for (const auto& d : devices) {
+        footer.devices.push_back(device_from(d, "footer device"));
+        add_device(footer.devices.back());
+      }
+      footer_ = std::move(footer);
+    } else if (type == trace::line::header) {
+      throw std::invalid_argument("a second header line");
+    }
+    // Any other type comes from a newer minor version: skipped.
+  } catch (const std::invalid_argument& e) {
+    fail(e.what());
+  } catch (const nlohmann::json::exception& e) {
+    fail(e.what());
+  }
+}
+
+void TraceReader::add_device(DeviceInfo d) {
+  for (DeviceInfo& known : devices_)
+    if (known.index == d.index) {
+      known = std::move(d);
+      return;
+    }
+  devices_.push_back(std::move(d));
+}
+
+void TraceReader::parse_event(std::string_view line, Event& out) {
+  Scanner s(line.data(), line.data() + line.size());
+  s.set_start(line.data());
+  std::uint32_t seen = 0;
+  bool has_pool = false;
+  out.has_stream = false;
+  out.stream = 0;
+  out.oom = trace::OomClass::none;
+  out.pool = trace::PoolState{};
+
+  auto bad = [&](std::string_view key, const char* expected) {
+    if (!s.ok()) fail(fmt::format("event field \"{}\": {}", key, s.error));
+    fail(fmt::format("event field \"{}\": expected {}", key, expected));
+  };
+  auto u64 = [&](std::string_view key, std::uint64_t& v) {
+    if (!s.u64(v)) bad(key, "a non-negative integer");
+  };
+  auto name = [&](std::string_view key, auto& value, const auto& names) {
+    std::string_view text;
+    if (!s.string(text, scratch_)) bad(key, "a string");
+    if (!lookup_name(text, names, value)) fail(fmt::format("event field \"{}\": unknown value \"{}\"", key, text));
+  };
+
+  if (!s.expect('{', "'{'")) fail(s.error);
+  if (!s.eat('}')) {
+    for (;;) {
+      std::string_view key;
+      if (!s.string(key, scratch_)) fail(s.error);
+      // The key's text may live in scratch_, which the value may reuse: keep a copy if so.
+      char key_copy[32];
+      if (key.data() == scratch_.data() && key.size() <= sizeof key_copy) {
+        std::memcpy(key_copy, key.data(), key.size());
+        key = std::string_view(key_copy, key.size());
+      }
+      if (!s.expect(':', "':'")) fail(s.error);
+      std::uint64_t u = 0;
+      std::int64_t i = 0;
+      if (key == tk::t) {
+        u64(key, out.t_ns);
+        seen |= f_t;
+      } else if (key == tk::tid) {
+        u64(key, u);
+        if (u > UINT32_MAX) bad(key, "a thread id (32 bits)");
+        out.tid = static_cast<std::uint32_t>(u);
+        seen |= f_tid;
+      } else if (key == tk::ev) {
+        name(key, out.kind, trace::kEventKindNames);
+        seen |= f_ev;
+      } else if (key == tk::api) {
+        std::string_view text;
+        if (!s.string(text, scratch_)) bad(key, "a string");
+        out.api.assign(text.data(), text.size());  // reuses the capacity
+        seen |= f_api;
+      } else if (key == tk::path) {
+        name(key, out.path, trace::kPathNames);
+        seen |= f_path;
+      } else if (key == tk::dev) {
+        if (!s.i64(i) || i < -1 || i > 1 << 20) bad(key, "a device index (-1 when unknown)");
+        out.device = static_cast<int>(i);
+        seen |= f_dev;
+      } else if (key == tk::size) {
+        u64(key, out.size);
+        seen |= f_size;
+      } else if (key == tk::ptr) {
+        if (!s.address(out.ptr)) bad(key, "an address \"0x...\"");
+        seen |= f_ptr;
+      } else if (key == tk::stream) {
+        if (!s.address(out.stream)) bad(key, "a handle \"0x...\"");
+        out.has_stream = true;
+      } else if (key == tk::rc) {
+        if (!s.i64(i) || i < INT32_MIN || i > INT32_MAX) bad(key, "an integer result code");
+        out.rc = static_cast<int>(i);
+        seen |= f_rc;
+      } else if (key == tk::dur) {
+        u64(key, out.dur_ns);
+        seen |= f_dur;
+      } else if (key == tk::oom_class) {
+        name(key, out.oom, trace::kOomClassNames);
+      } else if (key == tk::reserved) {
+        u64(key, out.pool.reserved);
+        has_pool = true;
+      } else if (key == tk::in_use) {
+        u64(key, out.pool.in_use);
+        has_pool = true;
+      } else if (key == tk::largest_free) {
+        u64(key, out.pool.largest_free);
+        has_pool = true;
+      } else if (key == tk::quarantined) {
+        u64(key, out.pool.quarantined);
+        has_pool = true;
+      } else if (key == tk::free_blocks) {
+        u64(key, u);
+        if (u > UINT32_MAX) bad(key, "a block count (32 bits)");
+        out.pool.free_blocks = static_cast<std::uint32_t>(u);
+        has_pool = true;
+      } else if (key == tk::type) {
+        std::string_view text;
+        if (!s.string(text, scratch_) || text != trace::line::event) bad(key, "\"event\"");
+      } else if (!s.skip_value()) {  // a key from a newer minor version
+        fail(s.error);
+      }
+      if (s.eat(',')) continue;
+      if (s.eat('}')) break;
+      if (!s.ok()) fail(s.error);
+      s.expect(',', "',' or '}'");
+      fail(s.error);
+    }
+  }
+  if (!s.at_end()) {
+    s.set_error(fmt::format("text after the end of the object at column {}", s.column()));
+    fail(s.error);
+  }
+  if ((seen & kRequired) != kRequired) {
+    for (const auto& [bit, key] : kRequiredNames)
+      if (!(seen & bit)) fail(fmt::format("event has no \"{}\"", key));
+  }
+  out.has_pool = has_pool;
+}
+
+}  // namespace cupool

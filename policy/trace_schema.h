@@ -111,4 +111,13 @@ inline constexpr std::string_view free_blocks = "free_blocks";
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
 }  // namespace key
 
+// Line types ("type") and the keys of the non-event lines (docs/trace-format.md).
+namespace line {
+inline constexpr std::string_view header = "header";
+inline constexpr std::string_view event = "event";
+inline constexpr std::string_view device = "device";  // keys: t, index, name, total_bytes
+inline constexpr std::string_view drop = "drop";      // keys: t, tid, count
+inline constexpr std::string_view footer = "footer";  // keys: events, dropped, allocs, frees, ooms, end_mono_ns, devices
+}  // namespace line
+
 }  // namespace cupool::trace

@@ -1,0 +1,598 @@
+#include "trace_writer.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "log.h"
+#include "options.h"
+
+#ifndef CUPOOL_VERSION
+#define CUPOOL_VERSION "0.1.0"
+#endif
+
+namespace cupool {
+
+namespace tk = trace::key;
+
+// One thread's events on their way to the file. The thread is the only producer (head), the
+// writer the only consumer (tail). Owned jointly by the thread and the writer (refs): whichever
+// lets go last frees it, so neither a thread exit nor close() has to wait for the other.
+struct TraceWriter::Ring {
+  Ring(std::uint32_t capacity, std::uint32_t thread_id)
+      : mask(capacity - 1),
+        wake_mask(capacity >= 4 ? capacity / 4 - 1 : 0),
+        tid(thread_id),
+        slots(new trace::Record[capacity]) {}
+
+  // Read-only after construction.
+  const std::uint64_t mask;
+  const std::uint64_t wake_mask;  // wake the writer each time a quarter of the ring has filled
+  const std::uint32_t tid;
+  const std::unique_ptr<trace::Record[]> slots;
+
+  alignas(64) std::atomic<std::uint64_t> head{0};  // producer
+  std::uint64_t cached_tail = 0;                     // producer's last view of tail
+  std::atomic<std::uint64_t> dropped{0};             // producer counts, writer reads
+
+  alignas(64) std::atomic<std::uint64_t> tail{0};  // consumer
+  std::uint64_t dropped_reported = 0;              // consumer
+
+  alignas(64) std::atomic<std::uint32_t> refs{2};  // the thread and the writer
+  std::atomic<bool> dead{false};                   // the thread let go: drain, then free
+};
+
+namespace {
+
+using Ring = TraceWriter::Ring;
+
+constexpr std::size_t kBufferSize = 256 * 1024;
+constexpr std::size_t kMaxLine = 2048;     // an event or drop line is always shorter
+constexpr std::size_t kMaxApiChars = 128;  // api names are short identifiers; longer is cut
+
+std::atomic<std::uint64_t> g_next_writer_id{1};
+
+// The calling thread's ring, for the writer whose id matches. Trivially destructible, so the
+// hot path pays no TLS-constructor check; the thread-exit hook is a pthread key below.
+struct ThreadCache {
+  std::uint64_t writer_id = 0;
+  Ring* ring = nullptr;
+};
+thread_local ThreadCache t_cache __attribute__((tls_model("initial-exec")));
+
+void unref(Ring* ring) {
+  if (ring->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete ring;
+}
+
+// The thread is done with its ring (it exits, or moves to another writer).
+void release_by_thread(Ring* ring) {
+  ring->dead.store(true, std::memory_order_release);
+  unref(ring);
+}
+
+void on_thread_exit(void* p) {
+  if (p == nullptr) return;
+  // A later record() on this thread (another library's exit hook) registers afresh.
+  t_cache = ThreadCache{};
+  release_by_thread(static_cast<Ring*>(p));
+}
+
+pthread_key_t ring_key() {
+  static const pthread_key_t key = [] {
+    pthread_key_t k;
+    pthread_key_create(&k, on_thread_exit);
+    return k;
+  }();
+  return key;
+}
+
+std::uint64_t clock_ns(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t));
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::uint64_t timeout_ns) {
+  timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000ull), static_cast<long>(timeout_ns % 1'000'000'000ull)};
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+}
+void futex_wake(std::atomic<std::uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+
+std::uint32_t round_up_pow2(std::uint32_t n) {
+  std::uint32_t c = 2;
+  while (c < n && c < (1u << 30)) c <<= 1;
+  return c;
+}
+
+bool has_pid_placeholder(const std::string& pattern) {
+  for (std::size_t i = 0; i + 1 < pattern.size(); ++i) {
+    if (pattern[i] != '%') continue;
+    if (pattern[i + 1] == 'p') return true;
+    ++i;  // "%%" and others: skip the escaped character
+  }
+  return false;
+}
+
+std::vector<std::string> read_cmdline() {
+  std::vector<std::string> args;
+  const int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return args;
+  std::string all;
+  char chunk[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    all.append(chunk, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  std::size_t start = 0;
+  while (start < all.size()) {
+    std::size_t end = all.find('\0', start);
+    if (end == std::string::npos) end = all.size();
+    args.emplace_back(all, start, end - start);
+    start = end + 1;
+  }
+  return args;
+}
+
+// Formatting into the fixed buffer. The caller guarantees kMaxLine bytes of room.
+struct Out {
+  char* p;
+  void raw(std::string_view s) {
+    std::memcpy(p, s.data(), s.size());
+    p += s.size();
+  }
+  void key(std::string_view k) {  // ,"k":
+    *p++ = ',';
+    *p++ = '"';
+    raw(k);
+    *p++ = '"';
+    *p++ = ':';
+  }
+  void u64(std::uint64_t v) {
+    const fmt::format_int f(v);
+    raw(std::string_view(f.data(), f.size()));
+  }
+  void i64(std::int64_t v) {
+    const fmt::format_int f(v);
+    raw(std::string_view(f.data(), f.size()));
+  }
+  void hex(std::uint64_t v) { p = fmt::format_to(p, "\"0x{:x}\"", v); }
+  void name(std::string_view s) {  // a known identifier: no escaping needed
+    *p++ = '"';
+    raw(s);
+    *p++ = '"';
+  }
+  void text(const char* s) {  // a C string from the caller: escaped, cut at kMaxApiChars
+    *p++ = '"';
+    for (std::size_t i = 0; s != nullptr && s[i] != '\0' && i < kMaxApiChars; ++i) {
+      const auto c = static_cast<unsigned char>(s[i]);
+      if (c == '"' || c == '\\') {
+        *p++ = '\\';
+        *p++ = static_cast<char>(c);
+      } else if (c < 0x20 || c >= 0x7f) {
+        p = fmt::format_to(p, "\\u{:04x}", c);  // keeps the line valid JSON (and valid UTF-8)
+      } else {
+        *p++ = static_cast<char>(c);
+      }
+    }
+    *p++ = '"';
+  }
+};
+
+}  // namespace
+
+// ---- construction, open, close -------------------------------------------------------------
+
+TraceWriter::TraceWriter(const Config& config)
+    : config_(config),
+      pattern_(config.trace_path),
+      path_(expand_trace_path(config.trace_path, ::getpid())),
+      id_(g_next_writer_id.fetch_add(1)),
+      ring_capacity_(round_up_pow2(config.trace_buffer_events)),
+      buf_(new char[kBufferSize]) {
+  (void)ring_key();
+}
+
+std::unique_ptr<TraceWriter> TraceWriter::open(const Config& config, std::string* error) {
+  std::unique_ptr<TraceWriter> writer(new TraceWriter(config));
+  std::lock_guard lock(writer->out_mu_);
+  std::string why;
+  if (!writer->open_file_locked(&why)) {
+    if (error) *error = why;
+    return nullptr;
+  }
+  return writer;
+}
+
+TraceWriter::~TraceWriter() { close(); }
+
+bool TraceWriter::open_file_locked(std::string* error) {
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) {
+    std::string line = "cupool: CUPOOL_TRACE: cannot write the trace to ";
+    append_json_string(line, path_);
+    *error = line + ": " + std::strerror(errno);
+    return false;
+  }
+  io_failed_ = false;
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::string h = fmt::format("{{\"type\":\"header\",\"format\":\"{}\",\"version\":\"{}.{}\",\"cupool_version\":",
+                              trace::kFormatName, trace::kFormatMajor, trace::kFormatMinor);
+  append_json_string(h, CUPOOL_VERSION);
+  h += fmt::format(",\"pid\":{},\"ppid\":{},\"host\":", ::getpid(), ::getppid());
+  append_json_string(h, host);
+  h += ",\"cmdline\":[";
+  bool first = true;
+  for (const std::string& arg : read_cmdline()) {
+    if (!first) h += ',';
+    first = false;
+    append_json_string(h, arg);
+  }
+  h += fmt::format("],\"start_unix_ns\":{},\"start_mono_ns\":{},\"config\":", clock_ns(CLOCK_REALTIME),
+                   clock_ns(CLOCK_MONOTONIC));
+  h += config_json(config_);
+  h += ",\"devices\":[]}\n";
+  // A fork child's file repeats the devices its parent had already seen.
+  for (const Device& d : devices_) {
+    h += fmt::format("{{\"type\":\"device\",\"t\":{},\"index\":{},\"name\":", clock_ns(CLOCK_MONOTONIC), d.index);
+    append_json_string(h, d.name);
+    h += fmt::format(",\"total_bytes\":{}}}\n", d.total_bytes);
+  }
+  write_all_locked(h.data(), h.size());
+  return true;
+}
+
+void TraceWriter::close() {
+  if (closed_.exchange(true, std::memory_order_acq_rel)) return;
+  stop_.store(true, std::memory_order_release);
+  wake_writer();
+  bool running;
+  {
+    std::lock_guard lock(out_mu_);
+    running = thread_running_;
+    thread_running_ = false;
+  }
+  if (running) pthread_join(thread_, nullptr);
+
+  std::lock_guard lock(out_mu_);
+  if (fd_ >= 0) {
+    pass_locked();
+    std::string f = fmt::format(
+        "{{\"type\":\"footer\",\"events\":{},\"dropped\":{},\"allocs\":{},\"frees\":{},\"ooms\":{},\"end_mono_ns\":{},"
+        "\"devices\":[",
+        events_, dropped_, allocs_, frees_, ooms_, clock_ns(CLOCK_MONOTONIC));
+    for (std::size_t i = 0; i < devices_.size(); ++i) {
+      if (i) f += ',';
+      f += fmt::format("{{\"index\":{},\"name\":", devices_[i].index);
+      append_json_string(f, devices_[i].name);
+      f += fmt::format(",\"total_bytes\":{}}}", devices_[i].total_bytes);
+    }
+    f += "]}\n";
+    write_all_locked(f.data(), f.size());
+    ::close(fd_);
+    fd_ = -1;
+  }
+  std::lock_guard rings_lock(rings_mu_);
+  for (Ring* ring : rings_) unref(ring);
+  rings_.clear();
+}
+
+// ---- the hot path ------------------------------------------------------------------------------
+
+void TraceWriter::record(const trace::Record& record) {
+  if (closed_.load(std::memory_order_relaxed)) [[unlikely]]
+    return;
+  Ring* ring = t_cache.ring;
+  if (t_cache.writer_id != id_) [[unlikely]] {
+    ring = register_thread();
+    if (ring == nullptr) return;
+  }
+  const std::uint64_t head = ring->head.load(std::memory_order_relaxed);
+  if (head - ring->cached_tail > ring->mask) [[unlikely]] {
+    ring->cached_tail = ring->tail.load(std::memory_order_acquire);
+    if (head - ring->cached_tail > ring->mask) {
+      ring->dropped.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+  }
+  ring->slots[head & ring->mask] = record;
+  ring->head.store(head + 1, std::memory_order_release);
+  if (((head + 1) & ring->wake_mask) == 0) [[unlikely]]
+    wake_writer();
+}
+
+TraceWriter::Ring* TraceWriter::register_thread() {
+  if (t_cache.ring != nullptr) {  // a ring of another writer, or of this one before a fork
+    release_by_thread(t_cache.ring);
+    t_cache = ThreadCache{};
+    pthread_setspecific(ring_key(), nullptr);
+  }
+  Ring* ring;
+  try {
+    ring = new Ring(ring_capacity_, static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+  } catch (...) {
+    return nullptr;
+  }
+  {
+    std::lock_guard lock(rings_mu_);
+    if (closed_.load(std::memory_order_acquire)) {
+      delete ring;
+      return nullptr;
+    }
+    rings_.push_back(ring);
+  }
+  pthread_setspecific(ring_key(), ring);
+  t_cache = ThreadCache{id_, ring};
+  ensure_started();
+  return ring;
+}
+
+void TraceWriter::wake_writer() {
+  wake_.fetch_add(1, std::memory_order_release);
+  futex_wake(&wake_);
+}
+
+// ---- the writer thread ------------------------------------------------------------------------
+
+void TraceWriter::ensure_started() {
+  if (started_.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(out_mu_);
+  if (started_.load(std::memory_order_relaxed) || closed_.load(std::memory_order_acquire)) return;
+  if (fd_ < 0 && !io_failed_) {  // a fork child's first event: its own file
+    std::string error;
+    if (!open_file_locked(&error)) {
+      io_failed_ = true;
+      log_error(error.substr(std::string_view("cupool: ").size()));
+    }
+  }
+  // The writer thread takes no signals: they belong to the program's threads.
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  const int rc = pthread_create(&thread_, nullptr, &TraceWriter::writer_main, this);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  if (rc != 0) {
+    log_error(fmt::format("cannot start the trace writer thread: {}; the trace is written only at exit",
+                          std::strerror(rc)));
+  } else {
+    thread_running_ = true;
+    pthread_setname_np(thread_, "cupool-trace");
+  }
+  started_.store(true, std::memory_order_release);
+}
+
+void* TraceWriter::writer_main(void* self) {
+  static_cast<TraceWriter*>(self)->writer_loop();
+  return nullptr;
+}
+
+void TraceWriter::writer_loop() {
+  while (!stop_.load(std::memory_order_acquire)) {
+    const std::uint32_t seq = wake_.load(std::memory_order_acquire);
+    {
+      std::lock_guard lock(out_mu_);
+      pass_locked();
+    }
+    if (const std::uint64_t delay = test_delay_ns_.load(std::memory_order_relaxed)) {
+      timespec ts{static_cast<time_t>(delay / 1'000'000'000ull), static_cast<long>(delay % 1'000'000'000ull)};
+      nanosleep(&ts, nullptr);
+    }
+    if (stop_.load(std::memory_order_acquire)) break;
+    futex_wait(&wake_, seq, config_.trace_flush_ns);
+  }
+}
+
+void TraceWriter::flush() {
+  std::lock_guard lock(out_mu_);
+  pass_locked();
+}
+
+TraceWriter::Stats TraceWriter::stats() {
+  std::lock_guard lock(out_mu_);
+  return Stats{events_, dropped_};
+}
+
+void TraceWriter::pass_locked() {
+  {
+    std::lock_guard lock(rings_mu_);
+    snapshot_.assign(rings_.begin(), rings_.end());
+  }
+  bool any_dead = false;
+  for (Ring* ring : snapshot_) any_dead |= drain_ring_locked(*ring);
+  write_buffer_locked();
+  if (!any_dead) return;
+  std::lock_guard lock(rings_mu_);
+  for (auto it = rings_.begin(); it != rings_.end();) {
+    Ring* ring = *it;
+    if (ring->dead.load(std::memory_order_acquire) &&
+        ring->tail.load(std::memory_order_relaxed) == ring->head.load(std::memory_order_acquire) &&
+        ring->dropped_reported == ring->dropped.load(std::memory_order_relaxed)) {
+      it = rings_.erase(it);
+      unref(ring);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool TraceWriter::drain_ring_locked(Ring& ring) {
+  const bool dead = ring.dead.load(std::memory_order_acquire);  // before head: then head is final
+  const std::uint64_t head = ring.head.load(std::memory_order_acquire);
+  std::uint64_t tail = ring.tail.load(std::memory_order_relaxed);
+  while (tail != head) {
+    if (buf_used_ + kMaxLine > kBufferSize) {
+      ring.tail.store(tail, std::memory_order_release);  // room for the thread while we write
+      write_buffer_locked();
+    }
+    const trace::Record& r = ring.slots[tail & ring.mask];
+    ++tail;
+    const auto kind = static_cast<std::size_t>(r.kind);
+    const auto path = static_cast<std::size_t>(r.path);
+    const auto oom = static_cast<std::size_t>(r.oom_class);
+    if (kind >= trace::kEventKindNames.size() || path >= trace::kPathNames.size() ||
+        oom >= trace::kOomClassNames.size()) {
+      ++dropped_;  // a corrupt record cannot be written: count it, never write a broken line
+      continue;
+    }
+    Out o{buf_.get() + buf_used_};
+    o.raw(R"({"type":"event")");
+    o.key(tk::t);
+    o.u64(r.t_ns);
+    o.key(tk::tid);
+    o.u64(r.tid != 0 ? r.tid : ring.tid);
+    o.key(tk::ev);
+    o.name(trace::kEventKindNames[kind]);
+    o.key(tk::api);
+    o.text(r.api);
+    o.key(tk::path);
+    o.name(trace::kPathNames[path]);
+    o.key(tk::dev);
+    o.i64(r.device);
+    o.key(tk::size);
+    o.u64(r.size);
+    o.key(tk::ptr);
+    o.hex(r.ptr);
+    if (r.has_stream) {
+      o.key(tk::stream);
+      o.hex(r.stream);
+    }
+    o.key(tk::rc);
+    o.i64(r.rc);
+    o.key(tk::dur);
+    o.u64(r.dur_ns);
+    if (r.oom_class != trace::OomClass::none) {
+      o.key(tk::oom_class);
+      o.name(trace::kOomClassNames[oom]);
+    }
+    if (r.has_pool) {
+      o.key(tk::reserved);
+      o.u64(r.pool.reserved);
+      o.key(tk::in_use);
+      o.u64(r.pool.in_use);
+      o.key(tk::largest_free);
+      o.u64(r.pool.largest_free);
+      o.key(tk::quarantined);
+      o.u64(r.pool.quarantined);
+      o.key(tk::free_blocks);
+      o.u64(r.pool.free_blocks);
+    }
+    o.raw("}\n");
+    buf_used_ = static_cast<std::size_t>(o.p - buf_.get());
+    ++events_;
+    if (r.kind == trace::EventKind::alloc) {
+      if (r.rc == 0) ++allocs_;
+      else ++ooms_;
+    } else if (r.kind == trace::EventKind::free && r.rc == 0) {
+      ++frees_;
+    }
+  }
+  ring.tail.store(tail, std::memory_order_release);
+
+  const std::uint64_t dropped = ring.dropped.load(std::memory_order_relaxed);
+  if (dropped != ring.dropped_reported) {
+    if (buf_used_ + kMaxLine > kBufferSize) write_buffer_locked();
+    const std::uint64_t count = dropped - ring.dropped_reported;
+    char* p = fmt::format_to(buf_.get() + buf_used_, "{{\"type\":\"drop\",\"t\":{},\"tid\":{},\"count\":{}}}\n",
+                             clock_ns(CLOCK_MONOTONIC), ring.tid, count);
+    buf_used_ = static_cast<std::size_t>(p - buf_.get());
+    dropped_ += count;
+    ring.dropped_reported = dropped;
+  }
+  return dead;
+}
+
+void TraceWriter::write_buffer_locked() {
+  if (buf_used_ == 0) return;
+  write_all_locked(buf_.get(), buf_used_);
+  buf_used_ = 0;
+}
+
+void TraceWriter::write_all_locked(const char* data, std::size_t size) {
+  if (fd_ < 0 || io_failed_) return;
+  while (size > 0) {
+    const ssize_t n = ::write(fd_, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      io_failed_ = true;
+      log_error(fmt::format("writing the trace to {} failed: {}; the rest of the trace is lost", path_,
+                            n < 0 ? std::strerror(errno) : "no progress"));
+      return;
+    }
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+void TraceWriter::write_device(int device, std::string_view name, std::uint64_t total_bytes) {
+  if (closed_.load(std::memory_order_acquire)) return;
+  ensure_started();  // a fork child's file is created here if no event came first
+  std::lock_guard lock(out_mu_);
+  const auto known = std::find_if(devices_.begin(), devices_.end(), [&](const Device& d) { return d.index == device; });
+  if (known == devices_.end()) {
+    devices_.push_back(Device{device, std::string(name), total_bytes});
+  } else {
+    if (known->name == name && known->total_bytes == total_bytes) return;
+    known->name = std::string(name);
+    known->total_bytes = total_bytes;
+  }
+  std::string line = fmt::format("{{\"type\":\"device\",\"t\":{},\"index\":{},\"name\":", clock_ns(CLOCK_MONOTONIC), device);
+  append_json_string(line, name);
+  line += fmt::format(",\"total_bytes\":{}}}\n", total_bytes);
+  write_buffer_locked();
+  write_all_locked(line.data(), line.size());
+}
+
+// ---- fork ----------------------------------------------------------------------------------------
+
+void TraceWriter::prepare_fork() {
+  out_mu_.lock();  // the writer is between passes: its buffer is empty
+  rings_mu_.lock();
+}
+
+void TraceWriter::parent_after_fork() {
+  rings_mu_.unlock();
+  out_mu_.unlock();
+}
+
+void TraceWriter::child_after_fork() {
+  // One thread now: this one. The writer thread, and every other thread, did not come along.
+  id_ = g_next_writer_id.fetch_add(1);  // every thread cache is stale: this thread re-registers
+  thread_running_ = false;
+  started_.store(false);
+  stop_.store(false);
+  wake_.store(0);
+  if (fd_ >= 0) ::close(fd_);  // the parent's file stays the parent's
+  fd_ = -1;
+  io_failed_ = false;
+  buf_used_ = 0;
+  events_ = dropped_ = allocs_ = frees_ = ooms_ = 0;
+  const pid_t pid = ::getpid();
+  path_ = has_pid_placeholder(pattern_) ? expand_trace_path(pattern_, pid)
+                                        : expand_trace_path(pattern_, pid) + "." + std::to_string(pid);
+  // The parent's rings hold the parent's events: abandon them. Only this thread's ring is
+  // still referenced (by this thread, which lets go of it when it next records).
+  for (Ring* ring : rings_) {
+    if (ring == t_cache.ring) unref(ring);
+    else delete ring;
+  }
+  rings_.clear();
+  snapshot_.clear();
+  rings_mu_.unlock();
+  out_mu_.unlock();
+}
+
+}  // namespace cupool

@@ -1,1 +1,626 @@
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "options.h"
+#include "trace_reader.h"
+#include "trace_writer.h"
+
+using namespace cupool;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/cupool-trace-test-XXXXXX";
+    REQUIRE(mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() { (void)std::system(("rm -rf '" + path + "'").c_str()); }
+};
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+Config trace_config(const std::string& path, std::uint32_t ring = 8192) {
+  Config c;
+  c.trace_path = path;
+  c.trace_flush_ns = 5'000'000;
+  c.trace_buffer_events = ring;
+  return c;
+}
+
+std::unique_ptr<TraceWriter> open_writer(const Config& c) {
+  std::string error;
+  auto w = TraceWriter::open(c, &error);
+  INFO(error);
+  REQUIRE(w);
+  return w;
+}
+
+// Thread `thread`'s event number `i`, with fields that say who wrote it.
+trace::Record make_record(std::uint32_t thread, std::uint64_t i) {
+  trace::Record r;
+  r.t_ns = 1'000'000 + i;
+  r.dur_ns = i % 977;
+  r.size = (std::uint64_t{thread} << 32) | i;
+  r.ptr = 0x7f0000000000ull + i * 256;
+  r.api = (i % 2) ? "cudaMalloc" : "cuMemAlloc_v2";
+  r.tid = 1000 + thread;
+  r.device = static_cast<std::int16_t>(thread % 3);
+  r.kind = (i % 3 == 0) ? trace::EventKind::free : trace::EventKind::alloc;
+  r.path = static_cast<trace::Path>(1 + i % 4);
+  r.rc = (i % 101 == 0) ? 2 : 0;
+  r.has_stream = i % 5 == 0;
+  r.stream = r.has_stream ? 0x5000 + i : 0;
+  r.has_pool = i % 7 == 0;
+  if (r.has_pool) r.pool = trace::PoolState{i * 2, i, i / 2, i / 3, static_cast<std::uint32_t>(i % 11)};
+  if (r.rc != 0) r.oom_class = trace::OomClass::limit;
+  return r;
+}
+
+void check_same(const Event& e, const trace::Record& r) {
+  CHECK(e.kind == r.kind);
+  CHECK(e.api == r.api);
+  CHECK(e.path == r.path);
+  CHECK(e.device == r.device);
+  CHECK(e.t_ns == r.t_ns);
+  CHECK(e.dur_ns == r.dur_ns);
+  CHECK(e.size == r.size);
+  CHECK(e.ptr == r.ptr);
+  CHECK(e.has_stream == r.has_stream);
+  CHECK(e.stream == r.stream);
+  CHECK(e.rc == r.rc);
+  CHECK(e.tid == r.tid);
+  CHECK(e.oom == r.oom_class);
+  CHECK(e.has_pool == r.has_pool);
+  CHECK(e.pool.reserved == r.pool.reserved);
+  CHECK(e.pool.in_use == r.pool.in_use);
+  CHECK(e.pool.largest_free == r.pool.largest_free);
+  CHECK(e.pool.quarantined == r.pool.quarantined);
+  CHECK(e.pool.free_blocks == r.pool.free_blocks);
+}
+
+std::vector<Event> read_all(const std::string& path, std::unique_ptr<TraceReader>* keep = nullptr,
+                            std::ifstream* stream = nullptr) {
+  std::ifstream local;
+  std::ifstream& in = stream ? *stream : local;
+  in.open(path);
+  REQUIRE(in.good());
+  auto reader = std::make_unique<TraceReader>(in, path);
+  std::vector<Event> events;
+  Event e;
+  while (reader->next(e)) events.push_back(e);
+  if (keep) *keep = std::move(reader);
+  return events;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// An in-memory trace for the reader tests.
+std::string header_line(const std::string& version = "1.0") {
+  return R"({"type":"header","format":"cupool-trace","version":")" + version +
+         R"(","cupool_version":"0.1.0","pid":10,"ppid":1,"host":"h","cmdline":["a","b c"],"start_unix_ns":5,)"
+         R"("start_mono_ns":6,"config":{"policy":"growth"},"devices":[]})" "\n";
+}
+const std::string kEvent =
+    R"({"type":"event","t":100,"tid":7,"ev":"alloc","api":"cudaMalloc","path":"symbol","dev":0,"size":4096,)"
+    R"("ptr":"0x7f00","rc":0,"dur":12})" "\n";
+const std::string kFooter =
+    R"({"type":"footer","events":1,"dropped":0,"allocs":1,"frees":0,"ooms":0,"end_mono_ns":200,"devices":[]})" "\n";
+
+struct MemTrace {
+  std::istringstream in;
+  std::unique_ptr<TraceReader> reader;
+  std::vector<Event> events;
+  explicit MemTrace(const std::string& text) : in(text) {
+    reader = std::make_unique<TraceReader>(in, "mem");
+    Event e;
+    while (reader->next(e)) events.push_back(e);
+  }
+};
+
+std::string error_of(const std::string& text) {
+  try {
+    MemTrace t(text);
+  } catch (const TraceError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("events from many threads come back exactly once, in order per thread", "[trace]") {
+  TempDir dir;
+  const Config config = trace_config(dir.path + "/t.%p.jsonl");
+  auto w = open_writer(config);
+  CHECK(w->path() == dir.path + "/t." + std::to_string(getpid()) + ".jsonl");
+  constexpr std::uint32_t kThreads = 8;
+  constexpr std::uint64_t kPerThread = 5000;  // fits one ring: nothing can be dropped
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (std::uint64_t i = 0; i < kPerThread; ++i) w->record(make_record(t, i));
+    });
+  for (auto& th : threads) th.join();  // their rings are drained after their threads are gone
+  w->write_device(0, "Simulated \"GPU\"\n0", 80ull << 30);
+  w->write_device(0, "Simulated \"GPU\"\n0", 80ull << 30);  // the same again: no second line
+  w->write_device(1, "Other", 40ull << 30);
+  w->close();
+  w->close();  // idempotent
+  w->record(make_record(0, 0));  // after close: nothing happens
+
+  std::unique_ptr<TraceReader> reader;
+  std::ifstream in;
+  const auto events = read_all(w->path(), &reader, &in);
+  REQUIRE(events.size() == kThreads * kPerThread);
+  std::map<std::uint32_t, std::uint64_t> next;
+  for (const Event& e : events) {
+    const std::uint32_t t = e.tid - 1000;
+    const std::uint64_t i = e.size & 0xffffffff;
+    REQUIRE(t < kThreads);
+    REQUIRE(next[t] == i);  // in order, none missing, none twice
+    ++next[t];
+    if (i % 499 == 0) check_same(e, make_record(t, i));
+  }
+  const Header& h = reader->header();
+  CHECK(h.major == 1);
+  CHECK(h.minor == 0);
+  CHECK(h.pid == getpid());
+  CHECK(h.ppid == getppid());
+  CHECK(!h.cmdline.empty());
+  CHECK(!h.host.empty());
+  CHECK(h.start_unix_ns > 1'600'000'000ull * 1'000'000'000ull);
+  CHECK(h.config["trace_buffer_events"] == 8192);
+  CHECK(h.config["policy"] == "growth");
+  REQUIRE(reader->footer());
+  const Footer& f = *reader->footer();
+  CHECK(f.events == kThreads * kPerThread);
+  CHECK(f.dropped == 0);
+  CHECK(reader->dropped() == 0);
+  std::uint64_t allocs = 0, frees = 0, ooms = 0;
+  for (const Event& e : events) {
+    if (e.kind == trace::EventKind::alloc) (e.rc == 0 ? allocs : ooms)++;
+    if (e.kind == trace::EventKind::free && e.rc == 0) ++frees;
+  }
+  CHECK(f.allocs == allocs);
+  CHECK(f.frees == frees);
+  CHECK(f.ooms == ooms);
+  CHECK(f.end_mono_ns >= h.start_mono_ns);
+  REQUIRE(f.devices.size() == 2);
+  CHECK(f.devices[0].name == "Simulated \"GPU\"\n0");
+  CHECK(f.devices[0].total_bytes == 80ull << 30);
+  CHECK(f.devices[1].index == 1);
+  REQUIRE(reader->devices().size() == 2);
+  CHECK(reader->events_read() == f.events);
+
+  // Every line is a JSON object nlohmann accepts too; the header is first, the footer last.
+  std::istringstream lines(slurp(w->path()));
+  std::string line;
+  std::vector<std::string> types;
+  while (std::getline(lines, line)) types.push_back(nlohmann::json::parse(line)["type"]);
+  CHECK(types.front() == "header");
+  CHECK(types.back() == "footer");
+  CHECK(std::count(types.begin(), types.end(), "device") == 2);
+}
+
+TEST_CASE("every field of every kind of event round-trips", "[trace]") {
+  TempDir dir;
+  auto w = open_writer(trace_config(dir.path + "/t.jsonl"));
+  std::vector<trace::Record> records;
+  for (int k = 0; k < static_cast<int>(trace::EventKind::count_); ++k)
+    for (int o = 0; o < static_cast<int>(trace::OomClass::count_); ++o) {
+      trace::Record r = make_record(1, static_cast<std::uint64_t>(k * 10 + o));
+      r.kind = static_cast<trace::EventKind>(k);
+      r.oom_class = static_cast<trace::OomClass>(o);
+      r.path = static_cast<trace::Path>(k % static_cast<int>(trace::Path::count_));
+      r.has_stream = true;
+      r.stream = ~0ull;
+      r.ptr = (k == 0) ? 0 : ~0ull - static_cast<std::uint64_t>(k);
+      r.size = ~0ull;
+      r.rc = (o == 0) ? 0 : -5;
+      r.device = (o == 1) ? -1 : 7;
+      r.has_pool = true;
+      r.pool = trace::PoolState{~0ull, 1, 2, 3, ~0u};
+      records.push_back(r);
+      w->record(r);
+    }
+  trace::Record odd = make_record(2, 3);
+  odd.api = "a \"quoted\"\\ api\n\x01\xff";
+  odd.tid = 0;  // the writer fills in the thread's own id
+  w->record(odd);
+  w->close();
+  const auto events = read_all(w->path());
+  REQUIRE(events.size() == records.size() + 1);
+  for (std::size_t i = 0; i < records.size(); ++i) check_same(events[i], records[i]);
+  CHECK(events.back().api == "a \"quoted\"\\ api\n\x01\xc3\xbf");  // \u00ff: JSON text is UTF-8
+  CHECK(events.back().tid == static_cast<std::uint32_t>(gettid()));
+}
+
+TEST_CASE("a full ring drops events, counts them, and says so", "[trace]") {
+  TempDir dir;
+  auto w = open_writer(trace_config(dir.path + "/t.jsonl", /*ring=*/4));
+  w->set_writer_delay_for_testing(20'000'000);  // the writer falls far behind
+  constexpr std::uint32_t kThreads = 4;
+  constexpr std::uint64_t kPerThread = 3000;
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (std::uint64_t i = 0; i < kPerThread; ++i) w->record(make_record(t, i));
+    });
+  for (auto& th : threads) th.join();
+  w->close();
+  const auto stats = w->stats();
+
+  std::unique_ptr<TraceReader> reader;
+  std::ifstream in;
+  const auto events = read_all(w->path(), &reader, &in);
+  REQUIRE(reader->footer());
+  CHECK(reader->dropped() > 0);
+  CHECK(reader->footer()->dropped == reader->dropped());  // every drop has its line
+  CHECK(reader->footer()->events == events.size());
+  CHECK(events.size() + reader->dropped() == kThreads * kPerThread);  // nothing lost silently
+  CHECK(stats.dropped == reader->dropped());
+  CHECK(stats.events == events.size());
+  std::map<std::uint32_t, std::uint64_t> last;
+  for (const Event& e : events) {  // what was kept is still in order
+    const std::uint64_t i = e.size & 0xffffffff;
+    if (last.count(e.tid)) CHECK(i > last[e.tid]);
+    last[e.tid] = i;
+  }
+  const std::string text = slurp(w->path());
+  CHECK(text.find(R"({"type":"drop",)") != std::string::npos);
+}
+
+TEST_CASE("the file is complete up to the last flush while the process runs", "[trace]") {
+  TempDir dir;
+  auto w = open_writer(trace_config(dir.path + "/t.jsonl"));
+  for (std::uint64_t i = 0; i < 100; ++i) w->record(make_record(0, i));
+  // The writer thread flushes within trace_flush_ns (5 ms here) without being asked.
+  std::vector<Event> events;
+  for (int tries = 0; tries < 200 && events.size() < 100; ++tries) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::unique_ptr<TraceReader> reader;
+    std::ifstream in;
+    events = read_all(w->path(), &reader, &in);
+    CHECK(!reader->footer());  // a killed process leaves no footer: not an error
+  }
+  CHECK(events.size() == 100);
+  w->flush();
+  w->close();
+}
+
+TEST_CASE("threads that exit, and threads that move to a new writer", "[trace]") {
+  TempDir dir;
+  for (int round = 0; round < 3; ++round) {
+    auto w = open_writer(trace_config(dir.path + "/t" + std::to_string(round) + ".jsonl", 64));
+    std::vector<std::thread> threads;
+    for (std::uint32_t t = 0; t < 16; ++t)
+      threads.emplace_back([&, t] {
+        for (std::uint64_t i = 0; i < 40; ++i) w->record(make_record(t, i));
+      });
+    for (std::uint64_t i = 0; i < 40; ++i) w->record(make_record(99, i));  // this thread, every round
+    for (auto& th : threads) th.join();
+    w.reset();  // the destructor closes
+    const auto events = read_all(dir.path + "/t" + std::to_string(round) + ".jsonl");
+    CHECK(events.size() == 17 * 40);
+  }
+}
+
+TEST_CASE("a forked child writes a file of its own", "[trace]") {
+  TempDir dir;
+  const std::string path = dir.path + "/parent.jsonl";  // no %p: the child appends .<pid>
+  auto w = open_writer(trace_config(path));
+  w->write_device(0, "GPU0", 1ull << 34);
+  for (std::uint64_t i = 0; i < 50; ++i) w->record(make_record(0, i));
+
+  // Another thread keeps recording across the fork: the child must not deadlock on it.
+  std::atomic<bool> stop{false};
+  std::uint64_t busy_count = 0;
+  std::thread busy([&] {
+    while (!stop.load()) w->record(make_record(5, busy_count++));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));
+
+  w->prepare_fork();
+  const pid_t child = fork();
+  if (child == 0) {
+    w->child_after_fork();
+    for (std::uint64_t i = 0; i < 30; ++i) w->record(make_record(1, i));
+    std::thread t([&] {
+      for (std::uint64_t i = 0; i < 20; ++i) w->record(make_record(2, i));
+    });
+    t.join();
+    w->close();
+    _exit(0);
+  }
+  w->parent_after_fork();
+  REQUIRE(child > 0);
+  int status = 0;
+  REQUIRE(waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  for (std::uint64_t i = 50; i < 60; ++i) w->record(make_record(0, i));
+  stop = true;
+  busy.join();
+  w->close();
+
+  {
+    std::unique_ptr<TraceReader> reader;
+    std::ifstream in;
+    const auto events = read_all(path, &reader, &in);
+    std::uint64_t mine = 0, busy_seen = 0;
+    for (const Event& e : events) {
+      CHECK(e.tid != 1001);
+      CHECK(e.tid != 1002);
+      if (e.tid == 1000) ++mine;
+      if (e.tid == 1005) ++busy_seen;
+    }
+    CHECK(mine == 60);
+    CHECK(busy_seen + reader->dropped() == busy_count);
+    CHECK(reader->header().pid == getpid());
+  }
+  {
+    const std::string child_path = path + "." + std::to_string(child);
+    REQUIRE(exists(child_path));
+    std::unique_ptr<TraceReader> reader;
+    std::ifstream in;
+    const auto events = read_all(child_path, &reader, &in);
+    CHECK(reader->header().pid == child);
+    CHECK(reader->header().ppid == getpid());
+    REQUIRE(reader->footer());
+    CHECK(reader->footer()->events == 50);
+    CHECK(events.size() == 50);
+    for (const Event& e : events) CHECK((e.tid == 1001 || e.tid == 1002));
+    REQUIRE(reader->devices().size() == 1);  // the parent's devices, repeated
+    CHECK(reader->devices()[0].name == "GPU0");
+  }
+}
+
+TEST_CASE("a forked child with %p in the path, and one that records nothing", "[trace]") {
+  TempDir dir;
+  auto w = open_writer(trace_config(dir.path + "/t.%p.jsonl"));
+  w->record(make_record(0, 0));
+  for (bool records : {true, false}) {
+    w->prepare_fork();
+    const pid_t child = fork();
+    if (child == 0) {
+      w->child_after_fork();
+      if (records) w->record(make_record(1, 0));
+      w->close();
+      _exit(0);
+    }
+    w->parent_after_fork();
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    const std::string child_path = dir.path + "/t." + std::to_string(child) + ".jsonl";
+    CHECK(exists(child_path) == records);
+    if (records) CHECK(read_all(child_path).size() == 1);
+  }
+  w->close();
+  CHECK(read_all(w->path()).size() == 1);
+}
+
+TEST_CASE("open refuses a path it cannot write", "[trace]") {
+  std::string error;
+  CHECK(!TraceWriter::open(trace_config("/nonexistent-cupool-dir/t.jsonl"), &error));
+  CHECK(error == "cupool: CUPOOL_TRACE: cannot write the trace to \"/nonexistent-cupool-dir/t.jsonl\": No such file or "
+                 "directory");
+}
+
+TEST_CASE("reader: a minimal trace, with and without a footer", "[trace]") {
+  MemTrace full(header_line() + kEvent + kFooter);
+  REQUIRE(full.events.size() == 1);
+  const Event& e = full.events[0];
+  CHECK(e.kind == trace::EventKind::alloc);
+  CHECK(e.api == "cudaMalloc");
+  CHECK(e.path == trace::Path::symbol);
+  CHECK(e.device == 0);
+  CHECK(e.t_ns == 100);
+  CHECK(e.tid == 7);
+  CHECK(e.size == 4096);
+  CHECK(e.ptr == 0x7f00);
+  CHECK(!e.has_stream);
+  CHECK(!e.has_pool);
+  CHECK(e.dur_ns == 12);
+  CHECK(full.reader->header().cmdline == std::vector<std::string>{"a", "b c"});
+  CHECK(full.reader->header().config["policy"] == "growth");
+  REQUIRE(full.reader->footer());
+  CHECK(full.reader->footer()->allocs == 1);
+  CHECK(full.reader->line_number() == 3);
+
+  MemTrace killed(header_line() + kEvent + kEvent);  // the process was killed: no footer
+  CHECK(killed.events.size() == 2);
+  CHECK(!killed.reader->footer());
+
+  MemTrace blank(header_line() + "\n" + kEvent + "  \n" + kFooter);
+  CHECK(blank.events.size() == 1);
+}
+
+TEST_CASE("reader: any key order, escapes, unknown keys and lines of a newer minor version", "[trace]") {
+  const std::string shuffled =
+      R"({"dur":12,"rc":-2,"future":{"a":[1,{"b":"}"}]},"ptr":"0xFFFFFFFFFFFFFFFF","size":1,"dev":-1,"path":"dlsym",)"
+      R"("api":"cuda\u004dalloc\ud83d\ude00","ev":"free","tid":4294967295,"t":0,"type":"event","x":null,"y":-1.5e3,)"
+      R"("stream":"0x10","oom":"fragmentation","reserved":9,"free_blocks":3})" "\n";
+  MemTrace t(header_line("1.9") + shuffled + R"({"type":"something_new","x":1})" "\n" + kEvent);
+  REQUIRE(t.events.size() == 2);
+  const Event& e = t.events[0];
+  CHECK(e.kind == trace::EventKind::free);
+  CHECK(e.api == "cudaMalloc\xf0\x9f\x98\x80");
+  CHECK(e.path == trace::Path::dlsym);
+  CHECK(e.device == -1);
+  CHECK(e.rc == -2);
+  CHECK(e.ptr == ~0ull);
+  CHECK(e.tid == 4294967295u);
+  CHECK(e.has_stream);
+  CHECK(e.stream == 0x10);
+  CHECK(e.oom == trace::OomClass::fragmentation);
+  CHECK(e.has_pool);
+  CHECK(e.pool.reserved == 9);
+  CHECK(e.pool.free_blocks == 3);
+  CHECK(e.pool.in_use == 0);
+  // The optional fields of one event do not leak into the next.
+  CHECK(!t.events[1].has_stream);
+  CHECK(!t.events[1].has_pool);
+  CHECK(t.events[1].oom == trace::OomClass::none);
+  CHECK(t.reader->header().minor == 9);
+
+  MemTrace d(header_line() + R"({"type":"device","t":1,"index":2,"name":"X","total_bytes":5})" "\n" +
+             R"({"type":"drop","t":2,"tid":3,"count":7})" "\n" + R"({"type":"drop","t":2,"tid":4,"count":5})" "\n");
+  REQUIRE(d.reader->devices().size() == 1);
+  CHECK(d.reader->devices()[0].index == 2);
+  CHECK(d.reader->dropped() == 12);
+}
+
+TEST_CASE("reader: errors name the source, the line and the problem", "[trace]") {
+  CHECK(error_of("") == "mem: the file is empty; not a cupool trace");
+  CHECK(error_of("hello\n") == "mem:1: the first line is not JSON; not a cupool trace");
+  CHECK(error_of(R"({"type":"event"})" "\n") == "mem:1: the first line is not a cupool trace header");
+  CHECK(error_of(header_line("2.0") + kEvent) ==
+        "mem: trace format version 2.0 is newer than this cupool understands (1.x); upgrade cupool");
+  CHECK(error_of(header_line("0.9")) == "mem: trace format version 0.9 is older than this cupool reads (1.x)");
+  CHECK(error_of(header_line("one")) == "mem:1: header field \"version\": \"one\" is not \"MAJOR.MINOR\"");
+  CHECK(error_of(R"({"type":"header","format":"cupool-trace","version":"1.0"})" "\n") ==
+        "mem:1: header has no \"cupool_version\"");
+
+  // Broken JSON, with its line number.
+  CHECK(error_of(header_line() + kEvent + "{\"type\":\"event\",\"t\":1,,}\n").rfind("mem:3: ", 0) == 0);
+  CHECK(error_of(header_line() + kEvent + "{\"type\":\"device\",\n").rfind("mem:3: not valid JSON: ", 0) == 0);
+  CHECK(error_of(header_line() + "[1,2]\n") == "mem:2: not a JSON object");
+  CHECK(error_of(header_line() + "{\"t\":1}\n") == "mem:2: a line without \"type\"");
+
+  // Missing fields and wrong types.
+  auto without = [](const std::string& key) {
+    std::string line = kEvent;
+    const auto at = line.find("\"" + key + "\":");
+    const auto comma = line.find_first_of(",}", line.find(':', at));
+    line.erase(at, comma - at + (line[comma] == ',' ? 1 : 0));
+    if (line[line.size() - 3] == ',') line.erase(line.size() - 3, 1);
+    return line;
+  };
+  for (const char* key : {"t", "tid", "ev", "api", "path", "dev", "size", "ptr", "rc", "dur"}) {
+    INFO(key);
+    CHECK(error_of(header_line() + without(key)) == "mem:2: event has no \"" + std::string(key) + "\"");
+  }
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string line = kEvent;
+    line.replace(line.find(from), from.size(), to);
+    return header_line() + line;
+  };
+  CHECK(error_of(with("\"t\":100", "\"t\":\"100\"")) == "mem:2: event field \"t\": expected a non-negative integer");
+  CHECK(error_of(with("\"t\":100", "\"t\":-1")) == "mem:2: event field \"t\": expected a non-negative integer");
+  CHECK(error_of(with("\"t\":100", "\"t\":1.5")) == "mem:2: event field \"t\": expected a non-negative integer");
+  CHECK(error_of(with("\"t\":100", "\"t\":18446744073709551616")) ==
+        "mem:2: event field \"t\": expected a non-negative integer");
+  CHECK(error_of(with("\"ev\":\"alloc\"", "\"ev\":\"allot\"")) == "mem:2: event field \"ev\": unknown value \"allot\"");
+  CHECK(error_of(with("\"ev\":\"alloc\"", "\"ev\":3")) == "mem:2: event field \"ev\": expected a string at column 38");
+  CHECK(error_of(with("\"ptr\":\"0x7f00\"", "\"ptr\":\"7f00\"")) == "mem:2: event field \"ptr\": expected an address \"0x...\"");
+  CHECK(error_of(with("\"dev\":0", "\"dev\":-2")) == "mem:2: event field \"dev\": expected a device index (-1 when unknown)");
+  CHECK(error_of(with("\"rc\":0", "\"rc\":4294967296")) == "mem:2: event field \"rc\": expected an integer result code");
+  CHECK(error_of(with("\"tid\":7", "\"tid\":4294967296")) == "mem:2: event field \"tid\": expected a thread id (32 bits)");
+  CHECK(error_of(with("\"dur\":12}", "\"dur\":12} x")) == "mem:2: text after the end of the object at column 133");
+  CHECK(error_of(with("\"api\":\"cudaMalloc\"", "\"api\":\"a\\qb\"")) == "mem:2: event field \"api\": a bad escape in a string");
+
+  // Footer and device lines.
+  CHECK(error_of(header_line() + kFooter + kEvent) == "mem:3: a line after the footer");
+  CHECK(error_of(header_line() + R"({"type":"footer","events":1})" "\n") == "mem:2: footer has no \"dropped\"");
+  CHECK(error_of(header_line() + R"({"type":"device","index":"0","name":"x","total_bytes":1})" "\n") ==
+        "mem:2: device line field \"index\": expected an integer");
+  CHECK(error_of(header_line() + header_line()) == "mem:2: a second header line");
+
+  // A last line cut short (the process was killed in the middle of a write).
+  const std::string cut = kEvent.substr(0, 60);
+  CHECK(error_of(header_line() + kEvent + cut).rfind("mem:3: the last line is cut short (was the process killed while writing?): ", 0) == 0);
+  // ...but a complete last line without its newline is fine.
+  CHECK(MemTrace(header_line() + kEvent + kFooter.substr(0, kFooter.size() - 1)).reader->footer());
+}
+
+TEST_CASE("reader fuzz: mutated lines are read or refused with TraceError, never worse", "[trace]") {
+  std::vector<std::string> seeds = {
+      kEvent,
+      kFooter,
+      R"({"type":"event","t":100,"tid":7,"ev":"free","api":"cu\"M\\em\u0041","path":"proc-address","dev":-1,"size":1,"ptr":"0x0","stream":"0xabc","rc":2,"dur":12,"oom":"limit","reserved":1,"in_use":2,"largest_free":3,"quarantined":4,"free_blocks":5,"extra":[{"x":[1,2,{"y":"]"}]}]})" "\n",
+      R"({"type":"device","t":1,"index":2,"name":"X\n","total_bytes":5})" "\n",
+      R"({"type":"drop","t":2,"tid":3,"count":7})" "\n",
+  };
+  std::mt19937_64 rng(12345);
+  const std::string specials = "{}[]\":,\\0-+.eE \t\x01\xff\x80uxn";
+  auto mutate = [&](std::string s) {
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int k = 0; k < edits && !s.empty(); ++k) {
+      const std::size_t at = rng() % s.size();
+      switch (rng() % 6) {
+        case 0: s[at] = static_cast<char>(rng()); break;
+        case 1: s[at] = specials[rng() % specials.size()]; break;
+        case 2: s.insert(at, 1, specials[rng() % specials.size()]); break;
+        case 3: s.erase(at, 1 + rng() % 8); break;
+        case 4: s.insert(at, s.substr(rng() % s.size(), rng() % 16)); break;
+        case 5: s.resize(at); break;
+      }
+    }
+    return s;
+  };
+  std::uint64_t ok = 0, refused = 0;
+  for (int iter = 0; iter < 30000; ++iter) {
+    std::string text;
+    if (iter % 10 == 0) {
+      text = mutate(header_line()) + kEvent;
+    } else {
+      text = header_line();
+      for (int l = 0; l < 3; ++l) text += mutate(seeds[rng() % seeds.size()]);
+    }
+    try {
+      MemTrace t(text);
+      ++ok;
+    } catch (const TraceError&) {
+      ++refused;
+    } catch (const std::exception& e) {
+      FAIL("not a TraceError: " << e.what() << "\n" << text);
+    }
+  }
+  CHECK(ok > 0);
+  CHECK(refused > 0);
+}
+
+TEST_CASE("docs/trace-format.md names every key, line type and value of the schema", "[trace]") {
+  const char* root = std::getenv("CUPOOL_SOURCE_ROOT");
+  if (root == nullptr) {
+    WARN("CUPOOL_SOURCE_ROOT is not set: docs/trace-format.md not checked against trace_schema.h");
+    return;
+  }
+  const std::string doc = slurp(std::string(root) + "/docs/trace-format.md");
+  REQUIRE(!doc.empty());
+  auto named = [&](std::string_view word) { return doc.find("`" + std::string(word) + "`") != std::string::npos; };
+  for (auto k : {trace::key::type, trace::key::t, trace::key::tid, trace::key::ev, trace::key::api, trace::key::path,
+                 trace::key::dev, trace::key::size, trace::key::ptr, trace::key::stream, trace::key::rc, trace::key::dur,
+                 trace::key::oom_class, trace::key::reserved, trace::key::in_use, trace::key::largest_free,
+                 trace::key::quarantined, trace::key::free_blocks, trace::key::name})
+    CHECK(named(k));
+  for (auto n : trace::kEventKindNames) CHECK(named(n));
+  for (auto n : trace::kPathNames) CHECK(named(n));
+  for (auto n : trace::kOomClassNames) CHECK(named(n));
+  for (auto n : {trace::line::header, trace::line::event, trace::line::device, trace::line::drop, trace::line::footer})
+    CHECK(named(n));
+  CHECK(doc.find("Version " + std::to_string(trace::kFormatMajor) + "." + std::to_string(trace::kFormatMinor)) !=
+        std::string::npos);
+}

@@ -1,0 +1,116 @@
+// Reading a trace back (docs/trace-format.md), streaming, for the cupool command and the tests.
+// Event lines go through a hand-written parser (flat objects, known keys in any order, unknown
+// keys skipped) with no heap allocation per event; nlohmann is used only for the few header,
+// device and footer lines.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <istream>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "trace_schema.h"
+
+namespace cupool {
+
+// "<source>:<line>: <what is wrong>", or "<source>: ..." for what concerns the whole file.
+class TraceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct Header {
+  int major = 0, minor = 0;
+  std::string cupool_version;
+  std::int64_t pid = 0, ppid = 0;
+  std::string host;
+  std::vector<std::string> cmdline;
+  std::uint64_t start_unix_ns = 0, start_mono_ns = 0;
+  nlohmann::json config;
+};
+
+struct Event {
+  trace::EventKind kind = trace::EventKind::alloc;
+  std::string api;
+  trace::Path path = trace::Path::none;
+  int device = -1;
+  std::uint64_t t_ns = 0, dur_ns = 0, size = 0, ptr = 0, stream = 0;
+  bool has_stream = false;
+  int rc = 0;
+  std::uint32_t tid = 0;
+  trace::OomClass oom = trace::OomClass::none;
+  bool has_pool = false;
+  trace::PoolState pool{};
+};
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;
+  std::uint64_t total_bytes = 0;
+};
+
+struct Footer {
+  std::uint64_t events = 0;   // event lines the writer wrote
+  std::uint64_t dropped = 0;  // events it could not write (full per-thread buffers)
+  std::uint64_t allocs = 0;   // alloc events with rc == 0
+  std::uint64_t frees = 0;    // free events with rc == 0
+  std::uint64_t ooms = 0;     // alloc events with rc != 0
+  std::uint64_t end_mono_ns = 0;
+  std::vector<DeviceInfo> devices;
+};
+
+class TraceReader {
+ public:
+  // Reads and checks the header line; throws TraceError (also for a newer major version).
+  TraceReader(std::istream& in, std::string source_name);
+
+  const Header& header() const { return header_; }
+
+  // The next event, in file order (each thread's events in order; threads interleaved). Device,
+  // drop and footer lines met on the way are taken in. False at the end of the file. Throws
+  // TraceError for a line that is not valid.
+  bool next(Event& out);
+
+  // Empty until the footer has been read, and for good when the process was killed before it.
+  const std::optional<Footer>& footer() const { return footer_; }
+  // Devices from "device" lines read so far (and the footer's).
+  const std::vector<DeviceInfo>& devices() const { return devices_; }
+  // The sum of the "drop" lines read so far.
+  std::uint64_t dropped() const { return dropped_; }
+  std::uint64_t events_read() const { return events_read_; }
+  // The line last read (1 is the header).
+  std::uint64_t line_number() const { return line_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  enum class Parsed { event, skipped };
+  bool read_line(std::string_view& line);
+  Parsed parse_line(std::string_view line, Event& out);
+  void parse_event(std::string_view line, Event& out);
+  void parse_other(const nlohmann::json& j, std::string_view type);
+  void read_header();
+  void add_device(DeviceInfo d);
+  [[noreturn]] void fail(const std::string& what) const;
+
+  std::istream& in_;
+  std::string source_;
+  Header header_;
+  std::optional<Footer> footer_;
+  std::vector<DeviceInfo> devices_;
+  std::uint64_t dropped_ = 0;
+  std::uint64_t events_read_ = 0;
+  std::uint64_t line_ = 0;
+  bool last_line_cut_ = false;  // the line being parsed had no newline at the end of the file
+
+  std::vector<char> buf_;
+  std::size_t begin_ = 0, end_ = 0;
+  bool eof_ = false;
+  std::string scratch_;  // decoded names, reused
+};
+
+}  // namespace cupool
