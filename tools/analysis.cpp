@@ -1,0 +1,448 @@
+#include "analysis.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "cli.h"
+
+namespace cupool::tools {
+
+using trace::EventKind;
+
+std::string_view kind_name(EventKind k) { return trace::kEventKindNames[static_cast<int>(k)]; }
+std::string_view path_name(trace::Path p) { return trace::kPathNames[static_cast<int>(p)]; }
+std::string_view oom_name(trace::OomClass c) { return trace::kOomClassNames[static_cast<int>(c)]; }
+
+// ---- DeviceFold ----------------------------------------------------------------------------
+
+void DeviceFold::apply(const Event& e) {
+  if (e.has_pool) pool_ = e.pool;
+  switch (e.kind) {
+    case EventKind::alloc:
+      if (e.rc == 0 && e.ptr != 0) {
+        auto [it, inserted] = live_.try_emplace(e.ptr, Live{e.size, e.has_pool});
+        if (!inserted) {  // a free was lost (writer drop): forget the old one
+          requested_ -= it->second.size;
+          if (!it->second.pooled) outside_ -= it->second.size;
+          it->second = Live{e.size, e.has_pool};
+        }
+        requested_ += e.size;
+        if (!e.has_pool) outside_ += e.size;
+      }
+      break;
+    case EventKind::free:
+      if (e.ptr != 0) {
+        if (auto it = live_.find(e.ptr); it != live_.end()) {
+          requested_ -= it->second.size;
+          if (!it->second.pooled) outside_ -= it->second.size;
+          live_.erase(it);
+        } else {
+          ++unmatched_frees_;
+        }
+      }
+      break;
+    case EventKind::vmm_create:
+      if (e.rc == 0) {
+        vmm_[e.ptr] += e.size;
+        outside_ += e.size;
+      }
+      break;
+    case EventKind::vmm_release:
+      if (auto it = vmm_.find(e.ptr); it != vmm_.end()) {
+        outside_ -= it->second;
+        vmm_.erase(it);
+      }
+      break;
+    case EventKind::context_reset:
+      // The context's pool and every allocation in it are gone.
+      live_.clear();
+      vmm_.clear();
+      pool_ = {};
+      requested_ = outside_ = 0;
+      break;
+    default:
+      break;
+  }
+  update();
+}
+
+void DeviceFold::update() {
+  now_.requested = requested_;
+  now_.in_use = pool_.in_use + outside_;
+  now_.reserved = pool_.reserved + outside_;
+  now_.largest_free = pool_.largest_free;
+  const std::uint64_t busy = pool_.in_use + pool_.quarantined;
+  now_.free = pool_.reserved > busy ? pool_.reserved - busy : 0;
+  if (now_.largest_free > now_.free) now_.free = now_.largest_free;
+}
+
+// ---- LatencyHistogram ----------------------------------------------------------------------
+
+int LatencyHistogram::index(std::uint64_t v) {
+  if (v < 32) return static_cast<int>(v);
+  const int e = 63 - __builtin_clzll(v);  // >= 5
+  const auto m = static_cast<int>(v >> (e - 4));  // [16, 32)
+  return (e - 4) * 16 + m;
+}
+
+std::uint64_t LatencyHistogram::lower_bound(int i) {
+  if (i < 32) return static_cast<std::uint64_t>(i);
+  const int e = i / 16 + 3;
+  const auto m = static_cast<std::uint64_t>(i % 16 + 16);
+  return m << (e - 4);
+}
+
+void LatencyHistogram::add(std::uint64_t ns) {
+  ++buckets_[static_cast<std::size_t>(index(ns))];
+  ++count_;
+  max_ = std::max(max_, ns);
+  min_ = std::min(min_, ns);
+}
+
+void LatencyHistogram::merge(const LatencyHistogram& o) {
+  for (int i = 0; i < kBuckets; ++i) buckets_[static_cast<std::size_t>(i)] += o.buckets_[static_cast<std::size_t>(i)];
+  count_ += o.count_;
+  max_ = std::max(max_, o.max_);
+  min_ = std::min(min_, o.min_);
+}
+
+std::uint64_t LatencyHistogram::quantile(double q) const {
+  if (count_ == 0) return 0;
+  auto rank = static_cast<std::uint64_t>(q * static_cast<double>(count_));
+  if (rank >= count_) rank = count_ - 1;
+  std::uint64_t seen = 0;
+  for (int i = 0; i < kBuckets; ++i) {
+    seen += buckets_[static_cast<std::size_t>(i)];
+    if (seen > rank) {
+      // The middle of the bucket, within what was seen.
+      const std::uint64_t lo = lower_bound(i);
+      const std::uint64_t hi = i + 1 < kBuckets ? lower_bound(i + 1) : lo;
+      const std::uint64_t mid = lo + (hi - lo) / 2;
+      return std::clamp(mid, min(), max_);
+    }
+  }
+  return max_;
+}
+
+// ---- Series --------------------------------------------------------------------------------
+
+void Series::widen() {
+  // Merge neighbours pairwise: the same span in half the buckets.
+  std::vector<Bucket> merged(kBuckets);
+  for (std::size_t i = 0; i < kBuckets; ++i) {
+    Bucket& out = merged[i / 2];
+    const Bucket& in = buckets_[i];
+    if (!in.set) continue;
+    if (!out.set) {
+      out = in;
+      out.p.t = (i / 2) * width_ * 2;
+      continue;
+    }
+    auto lo = [](Memory& a, const Memory& b) {
+      a.requested = std::min(a.requested, b.requested);
+      a.in_use = std::min(a.in_use, b.in_use);
+      a.reserved = std::min(a.reserved, b.reserved);
+      a.largest_free = std::min(a.largest_free, b.largest_free);
+      a.free = std::min(a.free, b.free);
+    };
+    auto hi = [](Memory& a, const Memory& b) {
+      a.requested = std::max(a.requested, b.requested);
+      a.in_use = std::max(a.in_use, b.in_use);
+      a.reserved = std::max(a.reserved, b.reserved);
+      a.largest_free = std::max(a.largest_free, b.largest_free);
+      a.free = std::max(a.free, b.free);
+    };
+    lo(out.p.min, in.p.min);
+    hi(out.p.max, in.p.max);
+    out.p.frag_min = std::min(out.p.frag_min, in.p.frag_min);
+    out.p.frag_max = std::max(out.p.frag_max, in.p.frag_max);
+    out.p.last = in.p.last;  // the later bucket's last value
+    out.p.frag_last = in.p.frag_last;
+  }
+  buckets_ = std::move(merged);
+  width_ *= 2;
+}
+
+void Series::add(std::uint64_t t, const Memory& m) {
+  if (buckets_.empty()) buckets_.resize(kBuckets);
+  const std::uint64_t rel = t > origin_ ? t - origin_ : 0;
+  while (rel / width_ >= kBuckets) widen();
+  Bucket& b = buckets_[rel / width_];
+  const double f = m.fragmentation();
+  if (!b.set) {
+    b.set = true;
+    b.p.t = rel / width_ * width_;
+    b.p.min = b.p.max = b.p.last = m;
+    b.p.frag_min = b.p.frag_max = b.p.frag_last = f;
+    return;
+  }
+  b.p.min.requested = std::min(b.p.min.requested, m.requested);
+  b.p.min.in_use = std::min(b.p.min.in_use, m.in_use);
+  b.p.min.reserved = std::min(b.p.min.reserved, m.reserved);
+  b.p.min.largest_free = std::min(b.p.min.largest_free, m.largest_free);
+  b.p.min.free = std::min(b.p.min.free, m.free);
+  b.p.max.requested = std::max(b.p.max.requested, m.requested);
+  b.p.max.in_use = std::max(b.p.max.in_use, m.in_use);
+  b.p.max.reserved = std::max(b.p.max.reserved, m.reserved);
+  b.p.max.largest_free = std::max(b.p.max.largest_free, m.largest_free);
+  b.p.max.free = std::max(b.p.max.free, m.free);
+  b.p.last = m;
+  b.p.frag_min = std::min(b.p.frag_min, f);
+  b.p.frag_max = std::max(b.p.frag_max, f);
+  b.p.frag_last = f;
+}
+
+std::vector<Series::Point> Series::points() const {
+  std::vector<Point> out;
+  for (const Bucket& b : buckets_)
+    if (b.set) out.push_back(b.p);
+  return out;
+}
+
+// ---- Analysis ------------------------------------------------------------------------------
+
+std::size_t Analysis::add_source(TraceMeta meta) {
+  sources_.emplace_back();
+  sources_.back().meta = std::move(meta);
+  return sources_.size() - 1;
+}
+
+DeviceStats& Analysis::device(SourceStats& s, int dev) {
+  auto it = s.devices.find(dev);
+  if (it != s.devices.end()) return it->second;
+  DeviceStats& d = s.devices[dev];
+  d.device = dev;
+  d.series = Series(origin_);
+  DeviceTotal& total = totals_[dev];
+  if (total.processes == 0) {
+    total.device = dev;
+    total.series = Series(origin_);
+  }
+  ++total.processes;
+  return d;
+}
+
+ApiStats& Analysis::api(SourceStats& s, const Event& e) {
+  for (ApiStats& a : s.apis)
+    if (a.kind == e.kind && a.api == e.api) return a;
+  s.apis.emplace_back();
+  s.apis.back().api = e.api;
+  s.apis.back().kind = e.kind;
+  return s.apis.back();
+}
+
+void Analysis::note_largest(SourceStats& s, const Event& e) {
+  auto& v = s.largest;
+  auto smaller = [](const AllocInfo& a, const AllocInfo& b) {  // heap order: the smallest on top
+    return a.size != b.size ? a.size > b.size : a.t < b.t;
+  };
+  if (v.size() == SourceStats::kLargest && e.size <= v.front().size) return;
+  v.push_back(AllocInfo{e.size, e.t_ns, e.device, e.api, e.ptr});
+  std::push_heap(v.begin(), v.end(), smaller);
+  if (v.size() > SourceStats::kLargest) {
+    std::pop_heap(v.begin(), v.end(), smaller);
+    v.pop_back();
+  }
+}
+
+void Analysis::add(std::size_t source, const Event& e) {
+  SourceStats& s = sources_[source];
+  ++s.events;
+  if (s.events == 1) s.first_t = e.t_ns;
+  s.first_t = std::min(s.first_t, e.t_ns);
+  s.last_t = std::max(s.last_t, e.t_ns);
+
+  // Calls the program made (pool-internal events name no call of the program's).
+  const bool is_call = e.kind != EventKind::grow && e.kind != EventKind::release && e.kind != EventKind::fence_retired &&
+                       e.kind != EventKind::oom && e.kind != EventKind::device;
+  if (is_call && !e.api.empty()) {
+    ApiStats& a = api(s, e);
+    ++a.count;
+    ++a.per_path[static_cast<std::size_t>(e.path)];
+    if (e.rc != 0) ++a.failures;
+    if (e.kind == EventKind::alloc || e.kind == EventKind::free) {
+      a.latency.add(e.dur_ns);
+      if (e.kind == EventKind::alloc && e.rc == 0) a.bytes += e.size;
+    }
+  }
+
+  // Out-of-memory: the pool's oom event, then the program's failed alloc on the same thread.
+  // A failed alloc with no oom event before it is the driver's refusal (passthrough).
+  if (e.kind == EventKind::oom ||
+      (e.kind == EventKind::alloc && e.rc == 2 && s.pending_oom_.erase(e.tid) == 0)) {
+    ++s.oom_count;
+    if (s.ooms.size() < SourceStats::kMaxOomsKept) {
+      OomInfo o;
+      o.t = e.t_ns;
+      o.event_index = s.events;
+      o.device = e.device;
+      o.api = e.api;
+      o.size = e.size;
+      o.oom_class = e.kind == EventKind::oom ? e.oom : trace::OomClass::device;
+      o.rc = e.rc;
+      o.tid = e.tid;
+      o.has_pool = e.has_pool;
+      o.pool = e.pool;
+      s.ooms.push_back(o);
+    }
+    if (e.kind == EventKind::oom) s.pending_oom_[e.tid] = s.ooms.size();
+  }
+  if (e.kind == EventKind::alloc && e.rc == 0 && e.size > 0) note_largest(s, e);
+
+  if (e.device < 0 && e.kind != EventKind::alloc && e.kind != EventKind::free) return;
+  DeviceStats& d = device(s, e.device);
+  switch (e.kind) {
+    case EventKind::alloc:
+      if (e.rc == 0) ++d.allocs;
+      else ++d.failed_allocs;
+      // The program's call names the API: fill in the oom event's API from its failed alloc.
+      if (e.rc != 0 && !s.ooms.empty() && s.ooms.back().api.empty() && s.ooms.back().tid == e.tid)
+        s.ooms.back().api = e.api;
+      break;
+    case EventKind::free: ++d.frees; break;
+    case EventKind::grow: if (e.rc == 0) { ++d.grows; d.grow_bytes += e.size; } break;
+    case EventKind::release: ++d.releases; d.release_bytes += e.size; break;
+    case EventKind::oom: ++d.ooms; break;
+    default: break;
+  }
+
+  const Memory before = d.fold.now();
+  d.fold.apply(e);
+  const Memory& m = d.fold.now();
+
+  // Time-weighted fragmentation: the value before this event held since the last one.
+  if (d.started && e.t_ns > d.last_t) {
+    const std::uint64_t dt = e.t_ns - d.last_t;
+    d.frag_weighted += static_cast<long double>(before.fragmentation()) * static_cast<long double>(dt);
+    d.frag_time += dt;
+  }
+  const bool first = !d.started;
+  if (first || e.t_ns > d.last_t) d.last_t = e.t_ns;
+  d.started = true;
+
+  const double frag = m.fragmentation();
+  d.frag_max = std::max(d.frag_max, frag);
+  if (m.in_use > d.peak_in_use || first) {
+    d.peak_in_use = m.in_use;
+    d.peak_in_use_memory = m;
+    d.peak_in_use_t = e.t_ns;
+  }
+  if (m.reserved > d.peak_reserved || first) {
+    d.peak_reserved = m.reserved;
+    d.peak_reserved_t = e.t_ns;
+  }
+  d.peak_requested = std::max(d.peak_requested, m.requested);
+  d.series.add(e.t_ns, m);
+
+  DeviceTotal& total = totals_[e.device];
+  Memory& sum = total.now;
+  sum.requested += m.requested - before.requested;
+  sum.in_use += m.in_use - before.in_use;
+  sum.reserved += m.reserved - before.reserved;
+  // Each process can use only its own pool: summed, the fragmentation is the free-weighted mean.
+  sum.largest_free += m.largest_free - before.largest_free;
+  sum.free += m.free - before.free;
+  if (sum.in_use > total.peak_in_use) {
+    total.peak_in_use = sum.in_use;
+    total.peak_in_use_t = e.t_ns;
+  }
+  if (sum.reserved > total.peak_reserved) {
+    total.peak_reserved = sum.reserved;
+    total.peak_reserved_t = e.t_ns;
+  }
+  total.peak_requested = std::max(total.peak_requested, sum.requested);
+  total.series.add(e.t_ns, sum);
+}
+
+void Analysis::finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer) {
+  SourceStats& s = sources_[source];
+  s.device_infos = std::move(devices);
+  s.dropped = dropped;
+  s.has_footer = has_footer;
+  for (auto& [dev, d] : s.devices) {
+    for (const DeviceInfo& info : s.device_infos)
+      if (info.index == dev) d.info = info;
+    d.cap = s.meta.cap(dev, d.info.total_bytes);
+    DeviceTotal& total = totals_[dev];
+    if (total.info.total_bytes == 0) total.info = d.info;
+  }
+  std::sort(s.largest.begin(), s.largest.end(),
+            [](const AllocInfo& a, const AllocInfo& b) { return a.size != b.size ? a.size > b.size : a.t < b.t; });
+  s.pending_oom_.clear();
+}
+
+std::uint64_t Analysis::end() const {
+  std::uint64_t t = origin_;
+  for (const auto& s : sources_) t = std::max(t, s.last_t);
+  return t;
+}
+
+std::uint64_t Analysis::events() const {
+  std::uint64_t n = 0;
+  for (const auto& s : sources_) n += s.events;
+  return n;
+}
+
+std::uint64_t Analysis::oom_count() const {
+  std::uint64_t n = 0;
+  for (const auto& s : sources_) n += s.oom_count;
+  return n;
+}
+
+// ---- reading -------------------------------------------------------------------------------
+
+void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress, const char* command,
+             EventVisitor* visitor) {
+  std::vector<std::unique_ptr<TraceInput>> inputs;
+  for (const auto& p : paths) inputs.push_back(std::make_unique<TraceInput>(p));
+  const std::size_t n = inputs.size();
+  std::vector<std::size_t> index(n);
+  for (std::size_t i = 0; i < n; ++i) index[i] = out.add_source(inputs[i]->meta());
+
+  // The first event of each trace: the earliest is time zero.
+  std::vector<Event> head(n);
+  std::vector<bool> live(n);
+  std::uint64_t origin = ~std::uint64_t{0};
+  for (std::size_t i = 0; i < n; ++i) {
+    live[i] = inputs[i]->next(head[i]);
+    if (live[i]) origin = std::min(origin, head[i].t_ns);
+  }
+  out.set_origin(origin == ~std::uint64_t{0} ? 0 : origin);
+
+  std::uint64_t total_bytes = 0;
+  for (const auto& in : inputs) total_bytes += in->size();
+  const auto start = std::chrono::steady_clock::now();
+  bool shown = false;
+  std::uint64_t count = 0;
+  progress = progress && stderr_is_terminal();
+
+  // Merge by time; within one trace, file order.
+  for (;;) {
+    std::size_t pick = n;
+    for (std::size_t i = 0; i < n; ++i)
+      if (live[i] && (pick == n || head[i].t_ns < head[pick].t_ns)) pick = i;
+    if (pick == n) break;
+    out.add(index[pick], head[pick]);
+    if (visitor) visitor->visit(index[pick], head[pick], *inputs[pick]);
+    live[pick] = inputs[pick]->next(head[pick]);
+    if (progress && (++count & 0x3ffff) == 0) {
+      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (secs > 1.0) {
+        std::uint64_t done = 0;
+        for (const auto& in : inputs) done += in->bytes_read();
+        std::fprintf(stderr, "\r%s: %.1f M events, %.0f%%, %.1f M events/s   ", command,
+                     static_cast<double>(count) / 1e6,
+                     total_bytes ? 100.0 * static_cast<double>(done) / static_cast<double>(total_bytes) : 0.0,
+                     static_cast<double>(count) / secs / 1e6);
+        shown = true;
+      }
+    }
+  }
+  if (shown) std::fprintf(stderr, "\r%*s\r", 70, "");
+  for (std::size_t i = 0; i < n; ++i)
+    out.finish(index[i], inputs[i]->devices(), inputs[i]->dropped(), inputs[i]->has_footer());
+}
+
+}  // namespace cupool::tools

@@ -1,0 +1,229 @@
+// Folding trace events into what the tools show: per process and device memory over time, peaks,
+// fragmentation, latency, counts, the largest allocations and every out-of-memory. The one home
+// of that logic: `report` prints it, `replay` runs it over the events the replayed pools produce,
+// `export` uses DeviceFold for its counter tracks, and `run` for its summary.
+//
+// Memory stays bounded: time series are downsampled into a fixed number of buckets, latencies go
+// into log-linear histograms; only live allocations are remembered one by one.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "trace_input.h"
+#include "trace_reader.h"
+#include "trace_schema.h"
+
+namespace cupool::tools {
+
+// The memory of one process on one device at one moment.
+struct Memory {
+  std::uint64_t requested = 0;     // live bytes the program asked for
+  std::uint64_t in_use = 0;        // bytes handed out (pool block sizes, plus memory held outside the pool)
+  std::uint64_t reserved = 0;      // bytes taken from the driver (pool chunks, plus memory outside the pool)
+  std::uint64_t largest_free = 0;  // largest pool block that could be handed out
+  std::uint64_t free = 0;          // reusable free bytes in the pool: reserved - in_use - quarantined
+  // External fragmentation: 1 - largest free block / free bytes (0 when nothing is free).
+  double fragmentation() const {
+    return free == 0 ? 0.0 : 1.0 - static_cast<double>(largest_free) / static_cast<double>(free);
+  }
+};
+
+// Folds the events of one process on one device, in trace order, into its Memory. Pool-served
+// events carry the pool's state; allocations without it (passthrough, or memory the pool does not
+// serve) are held outside the pool and count as both in use and reserved.
+class DeviceFold {
+ public:
+  void apply(const Event& e);
+  const Memory& now() const { return now_; }
+  std::uint64_t unmatched_frees() const { return unmatched_frees_; }
+
+ private:
+  struct Live {
+    std::uint64_t size;
+    bool pooled;
+  };
+  void update();
+  std::unordered_map<std::uint64_t, Live> live_;
+  std::unordered_map<std::uint64_t, std::uint64_t> vmm_;  // cuMemCreate handle -> bytes
+  trace::PoolState pool_{};
+  std::uint64_t requested_ = 0;
+  std::uint64_t outside_ = 0;  // held outside the pool
+  std::uint64_t unmatched_frees_ = 0;
+  Memory now_;
+};
+
+// Log-linear histogram of durations: exact below 32 ns, then 16 buckets per power of two
+// (at most 1/16 relative error).
+class LatencyHistogram {
+ public:
+  static constexpr int kBuckets = 976;
+  void add(std::uint64_t ns);
+  void merge(const LatencyHistogram& other);
+  std::uint64_t count() const { return count_; }
+  std::uint64_t max() const { return max_; }
+  std::uint64_t min() const { return count_ ? min_ : 0; }
+  std::uint64_t quantile(double q) const;  // q in [0, 1]
+  static int index(std::uint64_t ns);
+  static std::uint64_t lower_bound(int index);
+  const std::array<std::uint64_t, kBuckets>& buckets() const { return buckets_; }
+
+ private:
+  std::array<std::uint64_t, kBuckets> buckets_{};
+  std::uint64_t count_ = 0, max_ = 0, min_ = ~std::uint64_t{0};
+};
+
+// A bounded time series of Memory: kBuckets buckets of equal width from `origin`, the width
+// doubling whenever the trace outgrows them. Each bucket keeps the min, max and last values.
+class Series {
+ public:
+  static constexpr std::size_t kBuckets = 1024;
+  struct Point {
+    std::uint64_t t = 0;  // bucket start, ns since origin
+    Memory min, max, last;
+    double frag_min = 0, frag_max = 0, frag_last = 0;
+  };
+  explicit Series(std::uint64_t origin = 0) : origin_(origin) {}
+  void add(std::uint64_t t, const Memory& m);
+  std::vector<Point> points() const;  // the buckets that got a value, in time order
+  std::uint64_t width() const { return width_; }
+
+ private:
+  struct Bucket {
+    bool set = false;
+    Point p;
+  };
+  void widen();
+  std::uint64_t origin_;
+  std::uint64_t width_ = 1000;  // ns
+  std::vector<Bucket> buckets_;
+};
+
+struct OomInfo {
+  std::uint64_t t = 0;
+  std::uint64_t event_index = 0;  // 1-based, in this trace's events
+  int device = -1;
+  std::string api;
+  std::uint64_t size = 0;
+  trace::OomClass oom_class = trace::OomClass::none;
+  int rc = 0;
+  std::uint32_t tid = 0;
+  bool has_pool = false;
+  trace::PoolState pool{};
+};
+
+struct AllocInfo {
+  std::uint64_t size = 0;
+  std::uint64_t t = 0;
+  int device = -1;
+  std::string api;
+  std::uint64_t ptr = 0;
+};
+
+struct ApiStats {
+  std::string api;
+  trace::EventKind kind = trace::EventKind::alloc;
+  std::array<std::uint64_t, static_cast<int>(trace::Path::count_)> per_path{};
+  std::uint64_t count = 0;
+  std::uint64_t failures = 0;  // rc != 0
+  std::uint64_t bytes = 0;
+  LatencyHistogram latency;    // alloc and free calls only
+};
+
+// One process on one device.
+struct DeviceStats {
+  int device = -1;
+  DeviceInfo info;
+  std::uint64_t cap = 0;  // the recorded limit, else the device total, else 0
+  DeviceFold fold;
+  Series series;
+  Memory peak_in_use_memory;  // everything at the moment in_use peaked
+  std::uint64_t peak_in_use = 0, peak_in_use_t = 0;
+  std::uint64_t peak_reserved = 0, peak_reserved_t = 0;
+  std::uint64_t peak_requested = 0;
+  double frag_max = 0;
+  long double frag_weighted = 0;  // fragmentation x ns
+  std::uint64_t frag_time = 0, last_t = 0;
+  bool started = false;
+  std::uint64_t allocs = 0, frees = 0, failed_allocs = 0, grows = 0, grow_bytes = 0, releases = 0,
+                release_bytes = 0, ooms = 0;
+  double frag_mean() const {
+    return frag_time ? static_cast<double>(frag_weighted / static_cast<long double>(frag_time)) : 0.0;
+  }
+  double reserved_ratio() const {
+    return peak_in_use ? static_cast<double>(peak_reserved) / static_cast<double>(peak_in_use) : 0.0;
+  }
+};
+
+// One trace (one process).
+struct SourceStats {
+  TraceMeta meta;
+  std::vector<DeviceInfo> device_infos;
+  std::uint64_t events = 0, first_t = 0, last_t = 0, dropped = 0;
+  bool has_footer = false;
+  std::vector<ApiStats> apis;  // in order of first appearance
+  std::map<int, DeviceStats> devices;
+  static constexpr std::size_t kMaxOomsKept = 1000;
+  std::vector<OomInfo> ooms;  // the first kMaxOomsKept
+  std::uint64_t oom_count = 0;
+  static constexpr std::size_t kLargest = 10;
+  std::vector<AllocInfo> largest;  // the kLargest largest allocations, largest first (after finish)
+  std::unordered_map<std::uint32_t, std::size_t> pending_oom_;  // tid -> oom index, until its alloc fails
+};
+
+// Every process on one device, summed at each moment (peak of the sum, not sum of the peaks).
+struct DeviceTotal {
+  int device = -1;
+  DeviceInfo info;
+  Memory now;
+  Series series;
+  std::uint64_t peak_in_use = 0, peak_in_use_t = 0, peak_reserved = 0, peak_reserved_t = 0, peak_requested = 0;
+  std::size_t processes = 0;
+};
+
+class Analysis {
+ public:
+  std::size_t add_source(TraceMeta meta);
+  // Time zero of every series (the earliest event of all traces).
+  void set_origin(std::uint64_t t) { origin_ = t; }
+  void add(std::size_t source, const Event& e);
+  // Device lines, drops and footers, then the values that need the whole trace.
+  void finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer);
+
+  std::uint64_t origin() const { return origin_; }
+  std::uint64_t end() const;  // the last event of all traces
+  const std::vector<SourceStats>& sources() const { return sources_; }
+  const std::map<int, DeviceTotal>& totals() const { return totals_; }
+  std::uint64_t events() const;
+  std::uint64_t oom_count() const;
+
+ private:
+  DeviceStats& device(SourceStats& s, int device);
+  ApiStats& api(SourceStats& s, const Event& e);
+  void note_largest(SourceStats& s, const Event& e);
+  std::uint64_t origin_ = 0;
+  std::vector<SourceStats> sources_;
+  std::map<int, DeviceTotal> totals_;
+};
+
+// Reads every trace, merged by time, into an Analysis. `progress`: a line on stderr, refreshed,
+// when reading takes more than a second and stderr is a terminal. `visit(source, event)` (may be
+// empty) sees each event after the analysis did. Throws TraceError.
+class EventVisitor {
+ public:
+  virtual ~EventVisitor() = default;
+  virtual void visit(std::size_t source, const Event& e, TraceInput& input) = 0;
+};
+void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress, const char* command,
+             EventVisitor* visitor = nullptr);
+
+std::string_view kind_name(trace::EventKind k);
+std::string_view path_name(trace::Path p);
+std::string_view oom_name(trace::OomClass c);
+
+}  // namespace cupool::tools

@@ -1,0 +1,244 @@
+// cupool run: preload libcupool.so into a program, wait for it, summarise its trace.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "analysis.h"
+#include "cli.h"
+#include "commands.h"
+#include "options.h"
+
+extern char** environ;
+
+namespace cupool::tools {
+
+const char* const kRunHelp =
+    "usage: cupool run [OPTIONS] [--] PROGRAM [ARGS...]\n"
+    "\n"
+    "Runs PROGRAM with libcupool.so preloaded (LD_PRELOAD, keeping what was there) and the\n"
+    "CUPOOL_* variables set from the options, waits for it, prints a summary of its trace to\n"
+    "stderr (peak in use, peak reserved, out-of-memory count, trace path) and exits with its status.\n"
+    "\n"
+    "options (each sets a CUPOOL_* variable, and wins over one already in the environment):\n"
+    "  --policy growth|preallocate|passthrough   CUPOOL_POLICY\n"
+    "  --limit SIZE          CUPOOL_LIMIT: cap per device (8GiB, 50%, 8GiB,1:50%)\n"
+    "  --preallocate SIZE    CUPOOL_PREALLOCATE: what the preallocate policy takes up front\n"
+    "  --free sync|deferred  CUPOOL_FREE\n"
+    "  --trace PATH          CUPOOL_TRACE (%p: the process id). Default: CUPOOL_TRACE from the\n"
+    "                        environment, else $TMPDIR/cupool-%p.jsonl (TMPDIR defaults to /tmp);\n"
+    "                        the trace is kept, for cupool report\n"
+    "  --takeover            turn the frameworks' own caches off so every tensor goes through cupool:\n"
+    "                        PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform,\n"
+    "                        XLA_PYTHON_CLIENT_PREALLOCATE=false, TF_GPU_ALLOCATOR=cuda_malloc\n"
+    "  --no-summary          print no summary\n"
+    "  --help                this text\n"
+    "\n"
+    "libcupool.so is found next to cupool: ../shim/libcupool.so (build tree), ../lib/libcupool.so,\n"
+    "../lib/*/libcupool.so (installed); the variable CUPOOL_LIBRARY overrides.\n"
+    "\n"
+    "exit status: the program's own; 128+N if it was killed by signal N; 127 if PROGRAM was not\n"
+    "found, 126 if it could not be executed; 2 for a usage error (bad option or CUPOOL_* value).\n";
+
+namespace {
+
+bool is_file(const std::string& p) {
+  struct stat st{};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string self_dir() {
+  char buf[PATH_MAX];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, static_cast<std::size_t>(n));
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash);
+}
+
+// Where libcupool.so is, or "" with the places tried in `tried`.
+std::string find_library(std::string& tried) {
+  if (const char* env = std::getenv("CUPOOL_LIBRARY"); env && *env) {
+    tried = std::string("CUPOOL_LIBRARY=") + env;
+    return is_file(env) ? std::string(env) : std::string();
+  }
+  const std::string dir = self_dir();
+  std::vector<std::string> candidates = {dir + "/../shim/libcupool.so", dir + "/../lib/libcupool.so",
+                                         dir + "/../lib64/libcupool.so", dir + "/libcupool.so"};
+#if defined(__x86_64__)
+  candidates.push_back(dir + "/../lib/x86_64-linux-gnu/libcupool.so");
+#elif defined(__aarch64__)
+  candidates.push_back(dir + "/../lib/aarch64-linux-gnu/libcupool.so");
+#endif
+  for (const auto& c : candidates) {
+    tried += (tried.empty() ? "" : ", ") + c;
+    if (is_file(c)) {
+      char real[PATH_MAX];
+      return ::realpath(c.c_str(), real) ? std::string(real) : c;
+    }
+  }
+  return {};
+}
+
+pid_t g_child = 0;
+extern "C" void forward_signal(int sig) {
+  if (g_child > 0) ::kill(g_child, sig);
+}
+
+void print_summary(const std::string& trace_path) {
+  if (!is_file(trace_path)) {
+    std::fprintf(stderr,
+                 "cupool: no trace at %s: the program did not load libcupool.so or allocated no device memory "
+                 "(a statically linked or setuid program cannot be preloaded)\n",
+                 trace_path.c_str());
+    return;
+  }
+  Analysis a;
+  try {
+    analyze({trace_path}, a, false, "cupool run");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cupool: cannot read the trace: %s\n", e.what());
+    return;
+  }
+  const SourceStats& s = a.sources().front();
+  std::string line = "cupool:";
+  if (s.devices.empty()) line += " no device memory was allocated;";
+  for (const auto& [dev, d] : s.devices) {
+    line += " device " + std::to_string(dev) + ": peak in use " + human_size(d.peak_in_use) + ", peak reserved " +
+            human_size(d.peak_reserved) + ";";
+  }
+  line += " " + std::to_string(s.oom_count) + " out of memory;";
+  if (s.dropped) line += " " + std::to_string(s.dropped) + " events dropped by the writer;";
+  line += " trace " + trace_path;
+  std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+}  // namespace
+
+int cmd_run(const std::vector<std::string>& raw) {
+  const char* const cmd = "run";
+  try {
+    Args args(raw, {"--policy", "--limit", "--preallocate", "--free", "--trace"}, {"--takeover", "--help", "--no-summary"},
+              /*stop_at_first_positional=*/true);
+    if (args.flag("--help")) {
+      std::fputs(kRunHelp, stdout);
+      return kExitOk;
+    }
+    if (args.positional().empty()) return usage_error(cmd, "no program given (cupool run [OPTIONS] -- PROGRAM [ARGS...])");
+
+    // CUPOOL_* from the options, over the environment.
+    std::map<std::string, std::string> set;
+    if (auto v = args.value("--policy")) set["CUPOOL_POLICY"] = *v;
+    if (auto v = args.value("--limit")) set["CUPOOL_LIMIT"] = *v;
+    if (auto v = args.value("--preallocate")) set["CUPOOL_PREALLOCATE"] = *v;
+    if (auto v = args.value("--free")) set["CUPOOL_FREE"] = *v;
+    std::string trace_pattern;
+    if (auto v = args.value("--trace")) {
+      trace_pattern = *v;
+    } else if (const char* env = std::getenv("CUPOOL_TRACE"); env && *env) {
+      trace_pattern = env;
+    } else {
+      const char* tmp = std::getenv("TMPDIR");
+      trace_pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/cupool-%p.jsonl";
+    }
+    set["CUPOOL_TRACE"] = trace_pattern;
+
+    // The same check the library makes at load, made here first so the message names the option.
+    auto parsed = parse_options([&](const char* name) -> const char* {
+      if (auto it = set.find(name); it != set.end()) return it->second.c_str();
+      return std::getenv(name);
+    });
+    if (auto* err = std::get_if<OptionError>(&parsed)) {
+      std::string msg = err->message;
+      if (msg.rfind("cupool: ", 0) == 0) msg = msg.substr(8);
+      return usage_error(cmd, msg);
+    }
+
+    std::string tried;
+    const std::string library = find_library(tried);
+    if (library.empty()) {
+      std::fprintf(stderr, "cupool run: libcupool.so not found (tried %s); set CUPOOL_LIBRARY=/path/to/libcupool.so\n",
+                   tried.c_str());
+      return kExitInternal;
+    }
+    std::string preload = library;
+    if (const char* old = std::getenv("LD_PRELOAD"); old && *old) {
+      if (std::string(old).find(library) == std::string::npos) preload += std::string(":") + old;
+      else preload = old;
+    }
+    set["LD_PRELOAD"] = preload;
+
+    if (args.flag("--takeover")) {
+      const std::pair<const char*, const char*> takeover[] = {{"PYTORCH_NO_CUDA_MEMORY_CACHING", "1"},
+                                                              {"XLA_PYTHON_CLIENT_ALLOCATOR", "platform"},
+                                                              {"XLA_PYTHON_CLIENT_PREALLOCATE", "false"},
+                                                              {"TF_GPU_ALLOCATOR", "cuda_malloc"}};
+      std::string said = "cupool: --takeover set";
+      for (const auto& [k, v] : takeover) {
+        set[k] = v;
+        said += std::string(" ") + k + "=" + v;
+      }
+      std::fprintf(stderr, "%s\n", said.c_str());
+    }
+    for (const auto& [k, v] : set) ::setenv(k.c_str(), v.c_str(), 1);
+
+    std::vector<char*> argv;
+    for (const auto& a : args.positional()) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+
+    std::fflush(nullptr);
+    const pid_t child = ::fork();
+    if (child < 0) {
+      std::fprintf(stderr, "cupool run: fork: %s\n", std::strerror(errno));
+      return kExitInternal;
+    }
+    if (child == 0) {
+      ::execvp(argv[0], argv.data());
+      const int err = errno;
+      std::fprintf(stderr, "cupool run: cannot run %s: %s\n", argv[0], std::strerror(err));
+      ::_exit(err == ENOENT ? 127 : 126);
+    }
+    g_child = child;
+    // The terminal sends SIGINT/SIGQUIT to the program too: cupool waits for it to act on them.
+    // Signals meant for cupool alone (SIGTERM, SIGHUP) are passed on.
+    struct sigaction ignore{}, forward{};
+    ignore.sa_handler = SIG_IGN;
+    forward.sa_handler = forward_signal;
+    sigemptyset(&forward.sa_mask);
+    ::sigaction(SIGINT, &ignore, nullptr);
+    ::sigaction(SIGQUIT, &ignore, nullptr);
+    ::sigaction(SIGTERM, &forward, nullptr);
+    ::sigaction(SIGHUP, &forward, nullptr);
+
+    int status = 0;
+    while (::waitpid(child, &status, 0) < 0) {
+      if (errno != EINTR) {
+        std::fprintf(stderr, "cupool run: waitpid: %s\n", std::strerror(errno));
+        return kExitInternal;
+      }
+    }
+    const std::string trace_path = expand_trace_path(trace_pattern, child);
+    int code = 0;
+    if (WIFEXITED(status)) {
+      code = WEXITSTATUS(status);
+    } else if (WIFSIGNALED(status)) {
+      code = 128 + WTERMSIG(status);
+      std::fprintf(stderr, "cupool: %s was killed by signal %d (%s)\n", argv[0], WTERMSIG(status), strsignal(WTERMSIG(status)));
+    }
+    if (!args.flag("--no-summary")) print_summary(trace_path);
+    return code;
+  } catch (const UsageError& e) {
+    return usage_error(cmd, e.what());
+  }
+}
+
+}  // namespace cupool::tools

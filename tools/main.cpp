@@ -1,0 +1,78 @@
+// cupool: run a program under libcupool.so, and read its traces back (report, replay, export).
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "commands.h"
+
+#ifndef CUPOOL_VERSION
+#define CUPOOL_VERSION "unknown"
+#endif
+
+namespace {
+
+const char* const kMainHelp =
+    "usage: cupool COMMAND [OPTIONS...]\n"
+    "\n"
+    "  run      run a program with libcupool.so preloaded, then print a summary\n"
+    "  report   peaks, fragmentation, latency, counts and out-of-memory events of traces (text, --json, --html)\n"
+    "  replay   drive a trace's allocations through policies on a simulated device\n"
+    "  export   convert a trace for ui.perfetto.dev / chrome://tracing (--perfetto)\n"
+    "\n"
+    "  cupool COMMAND --help   the options of one command\n"
+    "  cupool --version        the version\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace cupool::tools;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(kMainHelp, stderr);
+    std::fprintf(stderr, "\n%s", kExitCodesHelp);
+    return kExitUsage;
+  }
+  const std::string command = args.front();
+  args.erase(args.begin());
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(kMainHelp, stdout);
+    std::printf("\n%s", kExitCodesHelp);
+    return kExitOk;
+  }
+  if (command == "--version" || command == "-V") {
+    std::printf("cupool %s\n", CUPOOL_VERSION);
+    return kExitOk;
+  }
+  try {
+    if (command == "run") return cmd_run(args);
+    if (command == "report") return cmd_report(args);
+    if (command == "replay") return cmd_replay(args);
+    if (command == "export") return cmd_export(args);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cupool %s: %s\n", command.c_str(), e.what());
+    return kExitInternal;
+  }
+  std::fprintf(stderr, "cupool: unknown command \"%s\"\n\n%s", command.c_str(), kMainHelp);
+  return kExitUsage;
+}
+
+namespace cupool::tools {
+
+const char* const kExitCodesHelp =
+    "exit status:\n"
+    "  0  success\n"
+    "  1  replay: a policy ran out of memory\n"
+    "  2  usage error (bad options or arguments)\n"
+    "  3  a trace cannot be read: missing, broken line, or a newer format version\n"
+    "  4  cupool itself failed (cannot write an output file, cannot start the program)\n"
+    "  run: the program's own exit status, or 128+N when it was killed by signal N\n";
+
+int usage_error(const char* command, const std::string& message) {
+  std::fprintf(stderr, "cupool %s: %s\nTry 'cupool %s --help'.\n", command, message.c_str(), command);
+  return kExitUsage;
+}
+
+}  // namespace cupool::tools

@@ -1,0 +1,1 @@
+// perfetto export: see cmd_export.cpp (in progress)

@@ -1,0 +1,1 @@
+// replay: see cmd_replay.cpp (in progress)

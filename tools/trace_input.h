@@ -1,0 +1,54 @@
+// One trace file opened for reading: the streaming reader (policy/trace_reader.h) plus what the
+// tools want from its header. The only file of tools/ that knows the reader's API.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trace_reader.h"
+
+namespace cupool::tools {
+
+using DeviceInfo = cupool::DeviceInfo;  // index, name, total_bytes
+
+struct TraceMeta {
+  std::string path;                  // as given on the command line
+  std::int64_t pid = 0;
+  std::vector<std::string> cmdline;
+  std::string policy;                // from the recorded configuration ("" when absent)
+  std::string free_mode;
+  std::string limit_json;            // the recorded CUPOOL_LIMIT as JSON text ("null": none)
+  std::string label() const;         // "pid 1234 python train.py"
+  // The cap on `device`: the recorded limit resolved against the device total, else the total.
+  std::uint64_t cap(int device, std::uint64_t device_total) const;
+};
+
+class TraceInput {
+ public:
+  // "-" reads standard input. Throws TraceError when the file cannot be opened or its header read.
+  explicit TraceInput(const std::string& path);
+  ~TraceInput();
+  TraceInput(const TraceInput&) = delete;
+  TraceInput& operator=(const TraceInput&) = delete;
+
+  bool next(Event& e) { return reader_->next(e); }
+  const TraceMeta& meta() const { return meta_; }
+  std::vector<DeviceInfo> devices() const;  // device lines seen so far
+  std::uint64_t dropped() const;            // events the writer dropped (drop lines)
+  bool has_footer() const;                  // false: the process did not exit normally
+  std::uint64_t bytes_read();               // for progress
+  std::uint64_t size() const { return size_; }
+
+ private:
+  std::ifstream file_;
+  std::unique_ptr<TraceReader> reader_;
+  TraceMeta meta_;
+  std::uint64_t size_ = 0;
+  bool is_stdin_ = false;
+};
+
+}  // namespace cupool::tools
