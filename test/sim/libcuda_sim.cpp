@@ -79,7 +79,7 @@ struct Stream {
 struct Context {
     int dev = 0;
     bool primary = false;
-    bool alive = false;
+    std::atomic<bool> alive{false};
     int refcount = 0;     // primary only
     unsigned flags = 0;
     std::shared_ptr<Stream> legacy;
@@ -153,6 +153,7 @@ struct State {
     std::unordered_map<void*, std::shared_ptr<Stream>> streams;
     std::unordered_map<void*, std::shared_ptr<Event>> events;
     std::vector<MemPool*> pools;
+    std::vector<Context*> contexts;  // every context ever created (handles stay identifiable)
     CUmemGenericAllocationHandle next_handle = 1;
     unsigned long long next_id = 1;
     uint64_t latency_us = 0;
@@ -514,6 +515,7 @@ void do_init() {
         c->primary = true;
         c->id = g_st->next_id++;
         d.primary = c;
+        g_st->contexts.push_back(c);
         auto* p = new MemPool;
         p->dev = static_cast<int>(i);
         d.default_pool = d.current_pool = p;
@@ -545,6 +547,7 @@ CUresult ctx_create(CUcontext* pctx, unsigned flags, CUdevice dev) {
         c->alive = true;
         c->flags = flags;
         c->id = g_st->next_id++;
+        g_st->contexts.push_back(c);
     }
     tl_stack.push_back(c);
     *pctx = handle_of(c);
