@@ -168,6 +168,7 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   std::uint64_t dur = now() - t0;
   lk.lock();
   transit_ -= chunk;
+  if (abandoned_) return {0, trace::OomClass::device, 0};  // the context went away meanwhile
   if (st != UpstreamStatus::ok) return {0, trace::OomClass::device, code};
   step_ = std::min<std::uint64_t>(step_ * 2, std::max<std::uint64_t>(cfg_.growth_chunk_max, step_));
   Grow g = add_reserved(base, got, bytes, false);
@@ -209,6 +210,7 @@ DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
   transit_ -= want;
   prealloc_busy_ = false;
   prealloc_cv_.notify_all();
+  if (abandoned_) return {0, trace::OomClass::device, 0};
   if (st != UpstreamStatus::ok) return {0, trace::OomClass::device, code};
   prealloc_done_ = true;
   Grow g = add_reserved(base, got, bytes, true);

@@ -159,3 +159,20 @@ TEST_CASE("pool stress: 8 threads, deferred free with fences, under a tight cap"
   CHECK(pool.state().quarantined == 0);
   CHECK(pool.state().reserved == 0);
 }
+
+TEST_CASE("pool stress: 8 threads race the first use of a preallocating pool", "[pool][stress]") {
+  SimUpstream up(64 * GiB);
+  Config cfg;
+  cfg.policy = PolicyKind::preallocate;
+  cfg.preallocate = SizeSpec{256 * MiB, 0};
+  cfg.preallocate_grow = true;
+  cfg.growth_chunk = 16 * MiB;
+  DevicePool pool(cfg, 0, up, nullptr);
+  StressResult r = run_stress(pool, up, 8, 5000, false);
+  CHECK(r.overlaps == 0);
+  CHECK(r.bad_frees == 0);
+  CHECK(r.bad_sizes == 0);
+  CHECK(r.ooms == 0);
+  CHECK(pool.state().in_use == 0);
+  CHECK(up.counters().total_reserved_bytes >= 256 * MiB);
+}
