@@ -15,6 +15,70 @@ std::string_view kind_name(EventKind k) { return trace::kEventKindNames[static_c
 std::string_view path_name(trace::Path p) { return trace::kPathNames[static_cast<int>(p)]; }
 std::string_view oom_name(trace::OomClass c) { return trace::kOomClassNames[static_cast<int>(c)]; }
 
+// ---- PtrMap --------------------------------------------------------------------------------
+
+void PtrMap::grow() {
+  std::vector<Slot> old = std::move(slots_);
+  const std::size_t n = old.empty() ? 1024 : old.size() * 2;
+  slots_.assign(n, Slot{});
+  shift_ = static_cast<unsigned>(64 - __builtin_ctzll(n));
+  size_ = 0;
+  for (const Slot& s : old) {
+    if (s.key == 0) continue;
+    bool inserted;
+    find_or_insert(s.key, inserted) = s.value;
+  }
+}
+
+PtrMap::Value& PtrMap::find_or_insert(std::uint64_t key, bool& inserted) {
+  if ((size_ + 1) * 4 > slots_.size() * 3) grow();  // load <= 3/4
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = slot_of(key);; i = (i + 1) & mask) {
+    Slot& s = slots_[i];
+    if (s.key == key) {
+      inserted = false;
+      return s.value;
+    }
+    if (s.key == 0) {
+      s.key = key;
+      s.value = Value{};
+      ++size_;
+      inserted = true;
+      return s.value;
+    }
+  }
+}
+
+bool PtrMap::take(std::uint64_t key, Value& out) {
+  if (slots_.empty()) return false;
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = slot_of(key);
+  for (;; i = (i + 1) & mask) {
+    if (slots_[i].key == 0) return false;
+    if (slots_[i].key == key) break;
+  }
+  out = slots_[i].value;
+  // Backward shift: move later members of the probe run into the hole.
+  for (std::size_t j = (i + 1) & mask;; j = (j + 1) & mask) {
+    if (slots_[j].key == 0) break;
+    const std::size_t home = slot_of(slots_[j].key);
+    // Can the entry at j move to i? Only if its home is not in (i, j] (cyclically).
+    const bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+    if (stays) continue;
+    slots_[i] = slots_[j];
+    i = j;
+  }
+  slots_[i] = Slot{};
+  --size_;
+  return true;
+}
+
+void PtrMap::clear() {
+  slots_.clear();
+  size_ = 0;
+  shift_ = 64;
+}
+
 // ---- DeviceFold ----------------------------------------------------------------------------
 
 void DeviceFold::apply(const Event& e) {
@@ -22,22 +86,22 @@ void DeviceFold::apply(const Event& e) {
   switch (e.kind) {
     case EventKind::alloc:
       if (e.rc == 0 && e.ptr != 0) {
-        auto [it, inserted] = live_.try_emplace(e.ptr, Live{e.size, e.has_pool});
+        bool inserted;
+        PtrMap::Value& v = live_.find_or_insert(e.ptr, inserted);
         if (!inserted) {  // a free was lost (writer drop): forget the old one
-          requested_ -= it->second.size;
-          if (!it->second.pooled) outside_ -= it->second.size;
-          it->second = Live{e.size, e.has_pool};
+          requested_ -= v.size;
+          if (!v.pooled) outside_ -= v.size;
         }
+        v = PtrMap::Value{e.size, e.has_pool};
         requested_ += e.size;
         if (!e.has_pool) outside_ += e.size;
       }
       break;
     case EventKind::free:
       if (e.ptr != 0) {
-        if (auto it = live_.find(e.ptr); it != live_.end()) {
-          requested_ -= it->second.size;
-          if (!it->second.pooled) outside_ -= it->second.size;
-          live_.erase(it);
+        if (PtrMap::Value v; live_.take(e.ptr, v)) {
+          requested_ -= v.size;
+          if (!v.pooled) outside_ -= v.size;
         } else {
           ++unmatched_frees_;
         }
@@ -247,7 +311,7 @@ void Analysis::note_largest(SourceStats& s, const Event& e) {
   }
 }
 
-void Analysis::add(std::size_t source, const Event& e) {
+void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
   SourceStats& s = sources_[source];
   ++s.events;
   if (s.events == 1) s.first_t = e.t_ns;
@@ -277,8 +341,9 @@ void Analysis::add(std::size_t source, const Event& e) {
       OomInfo o;
       o.t = e.t_ns;
       o.event_index = s.events;
+      o.line = line;
       o.device = e.device;
-      o.api = e.api;
+      if (e.kind != EventKind::oom) o.api = e.api;  // the pool's own event: its alloc names the API
       o.size = e.size;
       o.oom_class = e.kind == EventKind::oom ? e.oom : trace::OomClass::device;
       o.rc = e.rc;
@@ -385,6 +450,19 @@ std::uint64_t Analysis::events() const {
   return n;
 }
 
+const OomInfo* Analysis::first_oom(std::size_t* source) const {
+  const OomInfo* best = nullptr;
+  for (std::size_t i = 0; i < sources_.size(); ++i) {
+    if (sources_[i].ooms.empty()) continue;
+    const OomInfo& o = sources_[i].ooms.front();
+    if (!best || o.t < best->t) {
+      best = &o;
+      if (source) *source = i;
+    }
+  }
+  return best;
+}
+
 std::uint64_t Analysis::oom_count() const {
   std::uint64_t n = 0;
   for (const auto& s : sources_) n += s.oom_count;
@@ -421,10 +499,14 @@ void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress
   // Merge by time; within one trace, file order.
   for (;;) {
     std::size_t pick = n;
-    for (std::size_t i = 0; i < n; ++i)
-      if (live[i] && (pick == n || head[i].t_ns < head[pick].t_ns)) pick = i;
+    if (n == 1) {
+      pick = live[0] ? 0 : 1;
+    } else {
+      for (std::size_t i = 0; i < n; ++i)
+        if (live[i] && (pick == n || head[i].t_ns < head[pick].t_ns)) pick = i;
+    }
     if (pick == n) break;
-    out.add(index[pick], head[pick]);
+    out.add(index[pick], head[pick], inputs[pick]->line());
     if (visitor) visitor->visit(index[pick], head[pick], *inputs[pick]);
     live[pick] = inputs[pick]->next(head[pick]);
     if (progress && (++count & 0x3ffff) == 0) {

@@ -34,6 +34,34 @@ struct Memory {
   }
 };
 
+// Live allocations by address: open addressing with linear probing and backward-shift deletion
+// (an alloc/free pair per event at millions of events per second). Address 0 is never a key.
+class PtrMap {
+ public:
+  struct Value {
+    std::uint64_t size = 0;
+    bool pooled = false;
+  };
+  // The slot for `key`, inserted (zeroed) if absent; `inserted` says which.
+  Value& find_or_insert(std::uint64_t key, bool& inserted);
+  bool take(std::uint64_t key, Value& out);  // remove and return
+  void clear();
+  std::size_t size() const { return size_; }
+
+ private:
+  struct Slot {
+    std::uint64_t key = 0;
+    Value value;
+  };
+  std::size_t slot_of(std::uint64_t key) const {
+    return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  void grow();
+  std::vector<Slot> slots_;
+  std::size_t size_ = 0;
+  unsigned shift_ = 64;
+};
+
 // Folds the events of one process on one device, in trace order, into its Memory. Pool-served
 // events carry the pool's state; allocations without it (passthrough, or memory the pool does not
 // serve) are held outside the pool and count as both in use and reserved.
@@ -44,12 +72,8 @@ class DeviceFold {
   std::uint64_t unmatched_frees() const { return unmatched_frees_; }
 
  private:
-  struct Live {
-    std::uint64_t size;
-    bool pooled;
-  };
   void update();
-  std::unordered_map<std::uint64_t, Live> live_;
+  PtrMap live_;
   std::unordered_map<std::uint64_t, std::uint64_t> vmm_;  // cuMemCreate handle -> bytes
   trace::PoolState pool_{};
   std::uint64_t requested_ = 0;
@@ -107,6 +131,7 @@ class Series {
 struct OomInfo {
   std::uint64_t t = 0;
   std::uint64_t event_index = 0;  // 1-based, in this trace's events
+  std::uint64_t line = 0;         // line of the trace file (replay: of the recorded event), 0: unknown
   int device = -1;
   std::string api;
   std::uint64_t size = 0;
@@ -191,7 +216,8 @@ class Analysis {
   std::size_t add_source(TraceMeta meta);
   // Time zero of every series (the earliest event of all traces).
   void set_origin(std::uint64_t t) { origin_ = t; }
-  void add(std::size_t source, const Event& e);
+  // `line`: where the event is in its file (0: unknown), for out-of-memory listings.
+  void add(std::size_t source, const Event& e, std::uint64_t line = 0);
   // Device lines, drops and footers, then the values that need the whole trace.
   void finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer);
 
@@ -201,6 +227,8 @@ class Analysis {
   const std::map<int, DeviceTotal>& totals() const { return totals_; }
   std::uint64_t events() const;
   std::uint64_t oom_count() const;
+  // The earliest out-of-memory of all traces (by time), or nullptr; `source` gets its trace.
+  const OomInfo* first_oom(std::size_t* source = nullptr) const;
 
  private:
   DeviceStats& device(SourceStats& s, int device);

@@ -1,12 +1,270 @@
+// cupool replay: what other policies would have done with a recorded run.
 #include <cstdio>
+#include <map>
 
 #include "cli.h"
 #include "commands.h"
+#include "options.h"
+#include "replay.h"
+#include "report.h"
 
 namespace cupool::tools {
-const char* const kReplayHelp = "usage: cupool replay TRACE --policy P[,P...] (not implemented yet)\n";
-int cmd_replay(const std::vector<std::string>&) {
-  std::fputs("cupool replay: not implemented yet\n", stderr);
-  return kExitInternal;
+
+const char* const kReplayHelp =
+    "usage: cupool replay [OPTIONS] TRACE... [--policy P[,P...]]\n"
+    "\n"
+    "Drives the recorded allocations and frees, in order, through each policy on a simulated device\n"
+    "(no GPU needed), with the same pool code as libcupool.so, and prints side by side: peak\n"
+    "requested / in use / reserved, fragmentation, chunks taken from and returned to the device,\n"
+    "out-of-memory count and the first allocation that would fail, and why. The recorded run is\n"
+    "the first column. Several traces are replayed together, sharing each simulated device.\n"
+    "\n"
+    "  passthrough is plain cudaMalloc: every allocation reserved on its own, rounded up to 512 bytes.\n"
+    "  Allocations that failed in the recording are tried again; if they succeed they are freed at\n"
+    "  once (the program kept nothing). Managed memory is not replayed.\n"
+    "\n"
+    "options:\n"
+    "  --policy P[,P...]       growth, preallocate, passthrough (default: all three)\n"
+    "  --capacity SIZE         memory of each simulated device (default: the trace's device total,\n"
+    "                          else 80 GiB)\n"
+    "  --limit SIZE            CUPOOL_LIMIT for the replayed pools (8GiB, 50%, 8GiB,1:50%)\n"
+    "  --preallocate SIZE      CUPOOL_PREALLOCATE\n"
+    "  --preallocate-grow B    CUPOOL_PREALLOCATE_GROW (true, false)\n"
+    "  --growth-chunk SIZE     CUPOOL_GROWTH_CHUNK\n"
+    "  --growth-chunk-max SIZE CUPOOL_GROWTH_CHUNK_MAX\n"
+    "  --release DURATION      CUPOOL_RELEASE (never, 30s...): idle chunks go back, on the trace's clock\n"
+    "  --free sync|deferred    CUPOOL_FREE\n"
+    "  --json                  print JSON instead of text\n"
+    "  --no-progress           no progress line\n"
+    "  --help                  this text\n"
+    "Options not given take cupool's defaults (not the recorded configuration).\n"
+    "\n";
+
+namespace {
+
+struct Column {
+  std::string name;
+  const Analysis* analysis;
+};
+
+std::string ratio(double r) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", r);
+  return buf;
 }
+
+// Per device, over every trace: the summed peaks and the counts.
+struct DeviceNumbers {
+  std::uint64_t peak_requested = 0, peak_in_use = 0, peak_reserved = 0;
+  double frag_at_peak = 0, frag_mean = 0, frag_max = 0;
+  std::uint64_t grows = 0, grow_bytes = 0, releases = 0, release_bytes = 0, ooms = 0, failed_allocs = 0;
+};
+
+DeviceNumbers numbers(const Analysis& a, int device) {
+  DeviceNumbers n;
+  if (auto t = a.totals().find(device); t != a.totals().end()) {
+    n.peak_requested = t->second.peak_requested;
+    n.peak_in_use = t->second.peak_in_use;
+    n.peak_reserved = t->second.peak_reserved;
+  }
+  std::uint64_t weight = 0;
+  for (const auto& s : a.sources()) {
+    auto it = s.devices.find(device);
+    if (it == s.devices.end()) continue;
+    const DeviceStats& d = it->second;
+    // Fragmentation of several processes: the one with the most free memory at its peak speaks.
+    if (d.peak_in_use_memory.free >= weight) {
+      weight = d.peak_in_use_memory.free;
+      n.frag_at_peak = d.peak_in_use_memory.fragmentation();
+    }
+    n.frag_mean = std::max(n.frag_mean, d.frag_mean());
+    n.frag_max = std::max(n.frag_max, d.frag_max);
+    n.grows += d.grows;
+    n.grow_bytes += d.grow_bytes;
+    n.releases += d.releases;
+    n.release_bytes += d.release_bytes;
+    n.ooms += d.ooms;
+    n.failed_allocs += d.failed_allocs;
+  }
+  return n;
+}
+
+nlohmann::json numbers_json(const Analysis& a, const Replayer* r) {
+  nlohmann::json devices = nlohmann::json::array();
+  for (const auto& [dev, total] : a.totals()) {
+    const DeviceNumbers n = numbers(a, dev);
+    nlohmann::json d = {{"device", dev},
+                        {"peak_requested", n.peak_requested},
+                        {"peak_in_use", n.peak_in_use},
+                        {"peak_reserved", n.peak_reserved},
+                        {"reserved_ratio", n.peak_in_use ? static_cast<double>(n.peak_reserved) / static_cast<double>(n.peak_in_use) : 0.0},
+                        {"fragmentation", {{"at_peak_in_use", n.frag_at_peak}, {"mean", n.frag_mean}, {"max", n.frag_max}}},
+                        {"chunks_taken", n.grows},
+                        {"chunk_bytes_taken", n.grow_bytes},
+                        {"chunks_returned", n.releases},
+                        {"chunk_bytes_returned", n.release_bytes},
+                        {"failed_allocs", n.failed_allocs}};
+    if (r) d["capacity"] = r->capacity(dev);
+    devices.push_back(d);
+  }
+  std::size_t src = 0;
+  const OomInfo* first = a.first_oom(&src);
+  nlohmann::json j = {{"devices", devices}, {"oom_count", a.oom_count()}};
+  if (first) {
+    j["first_failure"] = oom_json(*first, a.origin());
+    j["first_failure"]["trace"] = a.sources()[src].meta.path;
+  } else {
+    j["first_failure"] = nullptr;
+  }
+  return j;
+}
+
+}  // namespace
+
+int cmd_replay(const std::vector<std::string>& raw) {
+  const char* const cmd = "replay";
+  try {
+    Args args(raw,
+              {"--policy", "--capacity", "--limit", "--preallocate", "--preallocate-grow", "--growth-chunk",
+               "--growth-chunk-max", "--release", "--free"},
+              {"--json", "--no-progress", "--help"});
+    if (args.flag("--help")) {
+      std::fputs(kReplayHelp, stdout);
+      std::fputs(kExitCodesHelp, stdout);
+      return kExitOk;
+    }
+    if (args.positional().empty()) return usage_error(cmd, "no trace given");
+
+    std::vector<std::string> names;
+    for (const std::string& list : args.values("--policy")) {
+      std::size_t start = 0;
+      while (start <= list.size()) {
+        const std::size_t comma = std::min(list.find(',', start), list.size());
+        if (comma > start) names.push_back(list.substr(start, comma - start));
+        start = comma + 1;
+      }
+    }
+    if (names.empty()) names = {"growth", "preallocate", "passthrough"};
+
+    std::map<std::string, std::string> vars;
+    const std::pair<const char*, const char*> option_vars[] = {
+        {"--limit", "CUPOOL_LIMIT"},           {"--preallocate", "CUPOOL_PREALLOCATE"},
+        {"--preallocate-grow", "CUPOOL_PREALLOCATE_GROW"}, {"--growth-chunk", "CUPOOL_GROWTH_CHUNK"},
+        {"--growth-chunk-max", "CUPOOL_GROWTH_CHUNK_MAX"}, {"--release", "CUPOOL_RELEASE"},
+        {"--free", "CUPOOL_FREE"}};
+    for (const auto& [opt, var] : option_vars)
+      if (auto v = args.value(opt)) vars[var] = *v;
+
+    ReplayOptions options;
+    if (auto c = args.value("--capacity")) {
+      options.capacity = parse_size(*c, "--capacity");
+      if (*options.capacity == 0) return usage_error(cmd, "--capacity: must be more than 0");
+    }
+    for (const std::string& name : names) {
+      vars["CUPOOL_POLICY"] = name;
+      // The replayed configuration is read by the same table as the library's (policy/options.cpp).
+      auto parsed = parse_options([&](const char* var) -> const char* {
+        auto it = vars.find(var);
+        return it == vars.end() ? nullptr : it->second.c_str();
+      });
+      if (auto* err = std::get_if<OptionError>(&parsed)) {
+        std::string msg = err->message;
+        if (msg.rfind("cupool: ", 0) == 0) msg = msg.substr(8);
+        return usage_error(cmd, msg);
+      }
+      options.policies.push_back(ReplayPolicy{name, std::get<Config>(parsed)});
+    }
+
+    Analysis recorded;
+    Replayer replayer(options);
+    try {
+      analyze(args.positional(), recorded, !args.flag("--no-progress"), "cupool replay", &replayer);
+    } catch (const TraceError& e) {
+      std::fprintf(stderr, "cupool replay: %s\n", e.what());
+      return kExitBadTrace;
+    }
+    replayer.finish(recorded);
+
+    std::vector<Column> columns = {{"recorded", &recorded}};
+    for (std::size_t i = 0; i < replayer.runs().size(); ++i)
+      columns.push_back({replayer.policy(i).name, &replayer.analysis(i)});
+    bool any_oom = false;
+    for (std::size_t i = 1; i < columns.size(); ++i) any_oom = any_oom || columns[i].analysis->oom_count() > 0;
+
+    if (args.flag("--json")) {
+      nlohmann::json policies = nlohmann::json::array();
+      for (std::size_t i = 0; i < replayer.runs().size(); ++i) {
+        nlohmann::json j = numbers_json(replayer.analysis(i), &replayer);
+        j["policy"] = replayer.policy(i).name;
+        j["config"] = nlohmann::json::parse(config_json(replayer.policy(i).config));
+        policies.push_back(j);
+      }
+      nlohmann::json traces = nlohmann::json::array();
+      for (const auto& p : args.positional()) traces.push_back(p);
+      nlohmann::json out = {{"format", "cupool-replay"}, {"version", 1}, {"traces", traces},
+                            {"events", recorded.events()}, {"skipped", replayer.skipped()},
+                            {"recorded", numbers_json(recorded, nullptr)}, {"policies", policies},
+                            {"out_of_memory", any_oom}};
+      std::string text = out.dump(2);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fputc('\n', stdout);
+      return any_oom ? kExitOutOfMemory : kExitOk;
+    }
+
+    std::string out = "cupool replay: " + std::to_string(args.positional().size()) +
+                      (args.positional().size() == 1 ? " trace, " : " traces, ") +
+                      std::to_string(recorded.events()) + " events";
+    if (replayer.skipped()) out += " (" + std::to_string(replayer.skipped()) + " managed-memory allocations not replayed)";
+    out += "\n\n";
+    for (const auto& [dev, total] : recorded.totals()) {
+      out += device_title(total.info, dev) + ", simulated with " + human_size(replayer.capacity(dev)) + "\n";
+      Table t;
+      std::vector<std::string> head = {""};
+      for (const auto& c : columns) head.push_back(c.name);
+      t.row(head);
+      std::vector<DeviceNumbers> n;
+      for (const auto& c : columns) n.push_back(numbers(*c.analysis, dev));
+      auto add = [&](const std::string& name, auto cell) {
+        std::vector<std::string> r = {name};
+        for (std::size_t i = 0; i < n.size(); ++i) r.push_back(cell(n[i], i));
+        t.row(r);
+      };
+      add("peak requested", [](const DeviceNumbers& x, std::size_t) { return human_size(x.peak_requested); });
+      add("peak in use", [](const DeviceNumbers& x, std::size_t) { return human_size(x.peak_in_use); });
+      add("peak reserved", [](const DeviceNumbers& x, std::size_t) { return human_size(x.peak_reserved); });
+      add("reserved / in use", [](const DeviceNumbers& x, std::size_t) {
+        return ratio(x.peak_in_use ? static_cast<double>(x.peak_reserved) / static_cast<double>(x.peak_in_use) : 0.0);
+      });
+      add("fragmentation at peak", [](const DeviceNumbers& x, std::size_t) { return percent(x.frag_at_peak); });
+      add("fragmentation mean", [](const DeviceNumbers& x, std::size_t) { return percent(x.frag_mean); });
+      add("chunks taken", [](const DeviceNumbers& x, std::size_t) { return std::to_string(x.grows); });
+      add("  bytes", [](const DeviceNumbers& x, std::size_t) { return human_size(x.grow_bytes); });
+      add("chunks returned", [](const DeviceNumbers& x, std::size_t) { return std::to_string(x.releases); });
+      add("  bytes", [](const DeviceNumbers& x, std::size_t) { return human_size(x.release_bytes); });
+      add("failed allocations", [](const DeviceNumbers& x, std::size_t) { return std::to_string(x.failed_allocs); });
+      add("out of memory", [](const DeviceNumbers& x, std::size_t) { return std::to_string(x.ooms); });
+      out += t.render("  ") + "\n";
+    }
+    out += "first allocation that fails:\n";
+    for (const auto& c : columns) {
+      std::size_t src = 0;
+      const OomInfo* first = c.analysis->first_oom(&src);
+      out += "  " + c.name + ": ";
+      if (!first) {
+        out += "none\n";
+        continue;
+      }
+      out += oom_text(*first, c.analysis->origin());
+      if (c.analysis->sources().size() > 1) out += " [" + c.analysis->sources()[src].meta.path + "]";
+      out += "\n";
+      if (first->has_pool) out += "      pool: " + pool_state_text(first->pool) + "\n";
+    }
+    if (any_oom) out += "\nexit status 1: a replayed policy ran out of memory\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return any_oom ? kExitOutOfMemory : kExitOk;
+  } catch (const UsageError& e) {
+    return usage_error(cmd, e.what());
+  }
+}
+
 }  // namespace cupool::tools

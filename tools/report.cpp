@@ -47,6 +47,14 @@ std::string device_title(const DeviceInfo& info, int device) {
   return out;
 }
 
+std::string oom_text(const OomInfo& o, std::uint64_t origin) {
+  std::string out = "at " + at_time(o.t, origin) + (o.line ? ", line " + std::to_string(o.line) : "") + ", device " +
+                    std::to_string(o.device) + ": " + (o.api.empty() ? std::string("alloc") : o.api) + " " +
+                    human_size(o.size) + " refused: " + std::string(oom_name(o.oom_class));
+  if (o.rc) out += " (rc " + std::to_string(o.rc) + ")";
+  return out;
+}
+
 std::string pool_state_text(const trace::PoolState& p) {
   return "reserved " + human_size(p.reserved) + ", in use " + human_size(p.in_use) + ", largest free " +
          human_size(p.largest_free) + ", quarantined " + human_size(p.quarantined) + ", " +
@@ -94,11 +102,7 @@ void device_lines(std::string& out, const DeviceStats& d, std::uint64_t origin) 
 }
 
 void oom_line(std::string& out, const OomInfo& o, std::uint64_t origin) {
-  out += "    at " + at_time(o.t, origin) + "  event " + std::to_string(o.event_index) + "  device " +
-         std::to_string(o.device) + "  " + (o.api.empty() ? std::string("alloc") : o.api) + " " +
-         human_size(o.size) + ": " + std::string(oom_name(o.oom_class));
-  if (o.rc) out += " (rc " + std::to_string(o.rc) + ")";
-  out += "\n";
+  out += "    " + oom_text(o, origin) + "\n";
   if (o.has_pool) out += "      pool: " + pool_state_text(o.pool) + "\n";
 }
 
@@ -224,15 +228,15 @@ nlohmann::json device_json(const DeviceStats& d, std::uint64_t origin) {
           {"ooms", d.ooms}};
 }
 
+}  // namespace
+
 nlohmann::json oom_json(const OomInfo& o, std::uint64_t origin) {
-  nlohmann::json j = {{"t", o.t > origin ? o.t - origin : 0}, {"event", o.event_index}, {"device", o.device},
+  nlohmann::json j = {{"t", o.t > origin ? o.t - origin : 0}, {"line", o.line}, {"device", o.device},
                       {"api", o.api}, {"size", o.size}, {"class", std::string(oom_name(o.oom_class))},
                       {"rc", o.rc}, {"tid", o.tid}};
   j["pool"] = o.has_pool ? pool_state_json(o.pool) : nlohmann::json(nullptr);
   return j;
 }
-
-}  // namespace
 
 nlohmann::json report_json(const Analysis& a) {
   const std::uint64_t origin = a.origin();

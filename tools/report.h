@@ -32,5 +32,7 @@ std::string at_time(std::uint64_t t, std::uint64_t origin);
 std::string device_title(const DeviceInfo& info, int device);
 std::string pool_state_text(const trace::PoolState& p);
 nlohmann::json pool_state_json(const trace::PoolState& p);
+nlohmann::json oom_json(const OomInfo& o, std::uint64_t origin);
+std::string oom_text(const OomInfo& o, std::uint64_t origin);  // one line, no indent
 
 }  // namespace cupool::tools

@@ -17,6 +17,8 @@ std::string TraceMeta::label() const {
 std::uint64_t TraceMeta::cap(int device, std::uint64_t device_total) const {
   auto resolve = [&](const nlohmann::json& spec) -> std::optional<std::uint64_t> {
     if (spec.is_number_unsigned() || spec.is_number_integer()) return spec.get<std::uint64_t>();
+    if (spec.is_object() && spec.contains("bytes") && spec["bytes"].is_number_unsigned())
+      return spec["bytes"].get<std::uint64_t>();
     if (spec.is_object() && spec.contains("percent") && spec["percent"].is_number())
       return static_cast<std::uint64_t>(static_cast<double>(device_total) * spec["percent"].get<double>() / 100.0);
     return std::nullopt;

@@ -42,6 +42,7 @@ class TraceInput {
   bool has_footer() const;                  // false: the process did not exit normally
   std::uint64_t bytes_read();               // for progress
   std::uint64_t size() const { return size_; }
+  std::uint64_t line() const { return reader_->line_number(); }  // of the event last read
 
  private:
   std::ifstream file_;

@@ -194,7 +194,7 @@ def main():
     if a.scenario in ("training", "passthrough"):
         pooled = a.scenario == "training"
         w = Writer(out, a.pid, ["python3", "train.py", "--steps", "40"],
-                   config("growth" if pooled else "passthrough", {"all": 4 * GiB, "devices": {}} if pooled else None))
+                   config("growth" if pooled else "passthrough", {"all": {"bytes": 4 * GiB}, "devices": {}} if pooled else None))
         w.device(0, dev_name, dev_total)
         training(w, pooled, rng)
         w.footer()

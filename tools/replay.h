@@ -1,0 +1,54 @@
+// `cupool replay`: the recorded allocations and frees driven through policies on simulated
+// devices (policy/sim_upstream.h), with the pool code the shim runs (policy/device_pool.h). The
+// replayed pools' events go into one Analysis per policy: the same numbers as `report`.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "analysis.h"
+#include "config.h"
+
+namespace cupool::tools {
+
+struct ReplayPolicy {
+  std::string name;  // "growth", "preallocate", "passthrough"
+  Config config;
+};
+
+struct ReplayOptions {
+  std::vector<ReplayPolicy> policies;
+  std::optional<std::uint64_t> capacity;  // every simulated device; else the trace's device total
+  static constexpr std::uint64_t kDefaultCapacity = 80ull << 30;  // when the trace names no total
+  // Plain cudaMalloc (passthrough) rounds each allocation up to this.
+  static constexpr std::uint64_t kPassthroughGranularity = 512;
+};
+
+class Replayer final : public EventVisitor {
+ public:
+  explicit Replayer(ReplayOptions options);
+  ~Replayer() override;
+  void visit(std::size_t source, const Event& e, TraceInput& input) override;
+  // After the last event: device lines, drops and footers of the recorded traces.
+  void finish(const Analysis& recorded);
+
+  struct Run;
+  const std::vector<std::unique_ptr<Run>>& runs() const { return runs_; }
+  const Analysis& analysis(std::size_t run) const;
+  const ReplayPolicy& policy(std::size_t run) const;
+  std::uint64_t capacity(int device) const;   // what the simulated device had
+  std::uint64_t skipped() const { return skipped_; }  // events not replayed (managed memory)
+
+ private:
+  ReplayOptions options_;
+  std::vector<std::unique_ptr<Run>> runs_;
+  std::map<int, std::uint64_t> capacities_;
+  std::uint64_t skipped_ = 0;
+  bool started_ = false;
+};
+
+}  // namespace cupool::tools
