@@ -59,6 +59,8 @@ void Suballocator::list_insert(std::uint32_t n) {
   Node& node = nodes_[n];
   int fl, sl;
   mapping(node.size >> kAlignShift, &fl, &sl);
+  node.fl = static_cast<std::uint8_t>(fl);
+  node.sl = static_cast<std::uint8_t>(sl);
   std::uint32_t head = heads_[fl][sl];
   node.prev_free = kNil;
   node.next_free = head;
@@ -72,14 +74,13 @@ void Suballocator::list_insert(std::uint32_t n) {
 
 void Suballocator::list_remove(std::uint32_t n) {
   Node& node = nodes_[n];
-  int fl, sl;
-  mapping(node.size >> kAlignShift, &fl, &sl);
+  const int fl = node.fl, sl = node.sl;
   if (node.prev_free != kNil)
     nodes_[node.prev_free].next_free = node.next_free;
   else
     heads_[fl][sl] = node.next_free;
   if (node.next_free != kNil) nodes_[node.next_free].prev_free = node.prev_free;
-  if (heads_[fl][sl] == kNil) {
+  if (node.prev_free == kNil && node.next_free == kNil) {  // it was the only one in its class
     sl_bitmap_[fl] &= ~(1u << sl);
     if (sl_bitmap_[fl] == 0) fl_bitmap_ &= ~(std::uint64_t{1} << fl);
   }
@@ -255,9 +256,11 @@ std::uint32_t Suballocator::make_free(std::uint32_t n) {
 }
 
 Suballocator::FreeStatus Suballocator::free(std::uint64_t address, FreeInfo* info) {
-  std::uint32_t n = map_find(address);
-  if (n == kNil || nodes_[n].state != State::live) return n == kNil ? classify_miss(address) : FreeStatus::double_free;
-  map_erase(address);
+  std::uint64_t slot = map_slot(address);
+  if (slot == map_.size()) return classify_miss(address);
+  std::uint32_t n = map_[slot].node;
+  if (nodes_[n].state != State::live) return FreeStatus::double_free;
+  map_erase_slot(slot);
   std::uint64_t size = nodes_[n].size;
   std::uint32_t chunk = nodes_[n].chunk;
   in_use_ -= size;
@@ -328,13 +331,18 @@ inline std::uint64_t hash_slot(std::uint64_t key, int shift) {
 }
 }  // namespace
 
-std::uint32_t Suballocator::map_find(std::uint64_t key) const {
-  if (key == 0) return kNil;
+std::uint64_t Suballocator::map_slot(std::uint64_t key) const {
+  if (key == 0) return map_.size();
   for (std::uint64_t i = hash_slot(key, map_shift_);; i = (i + 1) & map_mask_) {
     const Slot& s = map_[i];
-    if (s.key == key) return s.node;
-    if (s.key == 0) return kNil;
+    if (s.key == key) return i;
+    if (s.key == 0) return map_.size();
   }
+}
+
+std::uint32_t Suballocator::map_find(std::uint64_t key) const {
+  std::uint64_t i = map_slot(key);
+  return i == map_.size() ? kNil : map_[i].node;
 }
 
 void Suballocator::map_insert(std::uint64_t key, std::uint32_t node) {
@@ -346,11 +354,11 @@ void Suballocator::map_insert(std::uint64_t key, std::uint32_t node) {
 }
 
 void Suballocator::map_erase(std::uint64_t key) {
-  std::uint64_t i = hash_slot(key, map_shift_);
-  while (map_[i].key != key) {
-    if (map_[i].key == 0) return;
-    i = (i + 1) & map_mask_;
-  }
+  std::uint64_t i = map_slot(key);
+  if (i != map_.size()) map_erase_slot(i);
+}
+
+void Suballocator::map_erase_slot(std::uint64_t i) {
   // Backward shift: pull later entries of the probe run into the hole so lookups stay tombstone-free.
   std::uint64_t hole = i;
   for (std::uint64_t j = (i + 1) & map_mask_; map_[j].key != 0; j = (j + 1) & map_mask_) {

@@ -102,6 +102,7 @@ class Suballocator {
     std::uint32_t prev_free = kNil, next_free = kNil;  // size-class list; next_free links unused nodes too
     std::uint32_t chunk = kNoChunk;
     State state = State::unused;
+    std::uint8_t fl = 0, sl = 0;  // size class while listed (saves recomputing it on removal)
   };
   struct Chunk {
     std::uint64_t base = 0;
@@ -128,8 +129,10 @@ class Suballocator {
 
   // Hash of live/held blocks: address -> node.
   std::uint32_t map_find(std::uint64_t key) const;
+  std::uint64_t map_slot(std::uint64_t key) const;  // index of key's slot, or map_.size()
   void map_insert(std::uint64_t key, std::uint32_t node);
   void map_erase(std::uint64_t key);
+  void map_erase_slot(std::uint64_t slot);
   void map_grow();
 
   std::vector<Node> nodes_;
