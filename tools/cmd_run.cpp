@@ -69,7 +69,9 @@ std::string self_dir() {
 std::string find_library(std::string& tried) {
   if (const char* env = std::getenv("CUPOOL_LIBRARY"); env && *env) {
     tried = std::string("CUPOOL_LIBRARY=") + env;
-    return is_file(env) ? std::string(env) : std::string();
+    if (!is_file(env)) return {};
+    char real[PATH_MAX];  // absolute: the program may change directory before it loads CUDA
+    return ::realpath(env, real) ? std::string(real) : std::string(env);
   }
   const std::string dir = self_dir();
   std::vector<std::string> candidates = {dir + "/../shim/libcupool.so", dir + "/../lib/libcupool.so",

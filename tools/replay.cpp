@@ -190,7 +190,7 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
             r.size = e.size;
             r.device = static_cast<std::int16_t>(e.device);
             r.oom_class = why;
-            r.rc = 2;
+            r.rc = why == trace::OomClass::device ? code : 0;  // as the pool reports it: the driver's code
             r.has_pool = true;
             r.pool = run.passthrough_state(proc);
             run.record(r);
@@ -249,7 +249,7 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
               r.size = e.size;
               r.device = static_cast<std::int16_t>(e.device);
               r.oom_class = trace::OomClass::limit;
-              r.rc = 2;
+              r.rc = 0;
               r.has_pool = true;
               r.pool = proc.pool->state();
               run.record(r);

@@ -49,7 +49,7 @@ class Pool:
 
     def state(self):
         free = self.reserved - self.in_use
-        largest = max(0, free - self.holes // 2)
+        largest = max(free // 4, free - self.holes // 2)
         blocks = 1 + self.holes // (4 * MiB) if free else 0
         return {"reserved": self.reserved, "in_use": self.in_use, "largest_free": largest,
                 "quarantined": 0, "free_blocks": blocks}
@@ -218,39 +218,51 @@ def main():
                 w.event("free", api="cudaFree", path="symbol", ptr=ptr, dur=1000)
         w.footer()
     elif a.scenario == "big":
+        # A block of events that ends with everything freed, repeated with later times: fast to
+        # write, and a valid trace of any length.
         w = Writer(out, a.pid, ["./big"], config())
         w.device(0, dev_name, 80 * GiB)
+        block = []  # (dt, text after the time)
         live = []
         reserved = 64 * GiB
         in_use = 0
-        ptr = 0x7F0000000000
-        line_alloc = ('{"type":"event","t":%d,"tid":7,"ev":"alloc","api":"cudaMalloc","path":"symbol","dev":0,'
-                      '"size":%d,"ptr":"0x%x","stream":"0x0","rc":0,"dur":%d,"reserved":%d,"in_use":%d,'
-                      '"largest_free":%d,"quarantined":0,"free_blocks":%d}\n')
-        line_free = ('{"type":"event","t":%d,"tid":7,"ev":"free","api":"cudaFree","path":"symbol","dev":0,'
-                     '"size":0,"ptr":"0x%x","rc":0,"dur":%d,"reserved":%d,"in_use":%d,"largest_free":%d,'
-                     '"quarantined":0,"free_blocks":%d}\n')
-        t = 1_000_000_000
-        buf = []
-        for i in range(a.events):
-            t += 700 + (i * 7919) % 600
-            if len(live) < 1000 and (i % 3 != 2 or not live):
+        base = 0x7F0000000000
+        ptr = base
+        n_block = min(a.events, 100_000)
+        i = 0
+        while len(block) < n_block:
+            dt = 700 + (i * 7919) % 600
+            if (len(live) < 1000 and (i % 3 != 2 or not live)) and len(block) + len(live) < n_block - 1:
                 size = 512 * (1 + (i * 2654435761) % 8192)
-                ptr += size
                 live.append((ptr, size))
                 in_use += size
-                buf.append(line_alloc % (t, size, ptr, 500 + i % 700, reserved, in_use,
-                                         (reserved - in_use) // 2, 1 + len(live) // 8))
+                block.append((dt, ',"tid":7,"ev":"alloc","api":"cudaMalloc","path":"symbol","dev":0,"size":%d,'
+                              '"ptr":"0x%x","stream":"0x0","rc":0,"dur":%d,"reserved":%d,"in_use":%d,'
+                              '"largest_free":%d,"quarantined":0,"free_blocks":%d}\n'
+                              % (size, ptr, 500 + i % 700, reserved, in_use, (reserved - in_use) // 2,
+                                 1 + len(live) // 8)))
+                ptr += size
             else:
+                if not live:
+                    break
                 p, size = live.pop((i * 31) % len(live))
                 in_use -= size
-                buf.append(line_free % (t, p, 300 + i % 300, reserved, in_use, (reserved - in_use) // 2,
-                                        1 + len(live) // 8))
-            if len(buf) >= 10000:
-                out.write("".join(buf))
-                buf = []
-        out.write("".join(buf))
-        w.events = a.events
+                block.append((dt, ',"tid":7,"ev":"free","api":"cudaFree","path":"symbol","dev":0,"size":0,'
+                              '"ptr":"0x%x","rc":0,"dur":%d,"reserved":%d,"in_use":%d,"largest_free":%d,'
+                              '"quarantined":0,"free_blocks":%d}\n'
+                              % (p, 300 + i % 300, reserved, in_use, (reserved - in_use) // 2, 1 + len(live) // 8)))
+            i += 1
+        t = 1_000_000_000
+        written = 0
+        while written < a.events:
+            buf = []
+            for dt, rest in block[: a.events - written]:
+                t += dt
+                buf.append('{"type":"event","t":%d%s' % (t, rest))
+            out.write("".join(buf))
+            written += len(buf)
+        w.events = written
+        w.allocs = written // 2
         w.t = t
         w.footer()
     else:

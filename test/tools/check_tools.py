@@ -1,0 +1,493 @@
+#!/usr/bin/env python3
+"""Tests of the cupool command (tools/), run by meson (test/tools/meson.build).
+
+  check_tools.py --cupool PATH [--gen gen_trace.py] [--golden DIR] CHECK [options]
+
+CHECK:
+  golden [--update]   report (text, JSON, HTML), replay and export on generated traces against
+                      the files in golden/; --update rewrites them (the test then passes)
+  replay              the hand-computable replay: numbers checked one by one
+  fuzz                malformed traces: a clear message with the line number, exit 3, no crash
+  html                the HTML report rendered in headless Chromium: charts drawn, screenshot not
+                      blank (exit 77, skipped, when chromium is not installed)
+  run --shim LIB --sim-dir DIR --program PROG
+                      cupool run on the simulated CUDA: preload, exit status and signal, takeover,
+                      summary, and report/replay/export on the trace it wrote
+  cli                 --help, --version, usage errors and exit codes
+  perf [--events N]   report's reading speed on a generated trace (CPU time of the child)
+"""
+import argparse
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SKIP = 77
+failures = []
+
+
+def check(cond, what):
+    if not cond:
+        failures.append(what)
+        print("FAIL: " + what, file=sys.stderr)
+    return cond
+
+
+def finish():
+    if failures:
+        print(f"{len(failures)} check(s) failed", file=sys.stderr)
+        sys.exit(1)
+    print("ok")
+    sys.exit(0)
+
+
+class Cupool:
+    def __init__(self, path, cwd):
+        self.path = path
+        self.cwd = cwd
+
+    def __call__(self, *args, env=None, check_rc=None):
+        p = subprocess.run([self.path, *args], cwd=self.cwd, env=env, capture_output=True, text=True,
+                           errors="replace", timeout=300)
+        if check_rc is not None and p.returncode != check_rc:
+            check(False, f"cupool {' '.join(args)}: exit {p.returncode}, expected {check_rc}\n{p.stderr}")
+        return p
+
+
+def gen(opts, scenario, out, *extra):
+    subprocess.run([sys.executable, opts.gen, scenario, out, *extra], check=True)
+
+
+def make_traces(opts, d):
+    gen(opts, "training", os.path.join(d, "training.jsonl"))
+    gen(opts, "passthrough", os.path.join(d, "passthrough.jsonl"))
+    for i in (1, 2, 3):
+        gen(opts, "rank", os.path.join(d, f"rank{i}.jsonl"), "--pid", str(100 + i), "--seed", str(i))
+    gen(opts, "killed", os.path.join(d, "killed.jsonl"), "--pid", "999", "--seed", "9")
+    gen(opts, "replay", os.path.join(d, "replay.jsonl"))
+
+
+# What each golden file is made from: name -> (arguments, expected exit status, output file or None for stdout).
+GOLDEN = {
+    "report-training.txt": (["report", "training.jsonl"], 0, None),
+    "report-training.json": (["report", "--json", "training.jsonl"], 0, None),
+    "report-training.html": (["report", "training.jsonl", "--html", "out.html"], 0, "out.html"),
+    "report-passthrough.txt": (["report", "passthrough.jsonl"], 0, None),
+    "report-ranks.txt": (["report", "rank1.jsonl", "rank2.jsonl", "rank3.jsonl"], 0, None),
+    "report-ranks.json": (["report", "--json", "rank1.jsonl", "rank2.jsonl", "rank3.jsonl"], 0, None),
+    "report-killed.txt": (["report", "killed.jsonl"], 0, None),
+    "replay-training.txt": (["replay", "training.jsonl", "--limit", "300MiB"], 1, None),
+    "replay-training.json": (["replay", "--json", "training.jsonl", "--policy", "growth,preallocate,passthrough",
+                              "--limit", "300MiB"], 1, None),
+    # Three processes sharing a 1 GiB device: preallocate's 75% leaves the last one nothing.
+    "replay-ranks.txt": (["replay", "rank1.jsonl", "rank2.jsonl", "rank3.jsonl", "--capacity", "1GiB"], 1, None),
+    "export-training.json": (["export", "--perfetto", "training.jsonl", "-o", "out.json"], 0, "out.json"),
+    "export-passthrough.json": (["export", "--perfetto", "passthrough.jsonl", "-o", "out.json", "--slow", "50us"], 0,
+                                "out.json"),
+    "export-ranks.json": (["export", "--perfetto", "rank1.jsonl", "rank2.jsonl", "rank3.jsonl", "-o", "out.json"], 0,
+                          "out.json"),
+}
+
+
+def cmd_golden(opts):
+    with tempfile.TemporaryDirectory() as d:
+        make_traces(opts, d)
+        cupool = Cupool(opts.cupool, d)
+        for name, (args, rc, out_file) in GOLDEN.items():
+            p = cupool(*args, "--no-progress" if args[0] != "export" else "--no-progress")
+            check(p.returncode == rc, f"{name}: cupool {' '.join(args)} exited {p.returncode}, expected {rc}: {p.stderr}")
+            got = open(os.path.join(d, out_file)).read() if out_file else p.stdout
+            if name.startswith("export"):
+                try:
+                    doc = json.loads(got)
+                    check(isinstance(doc.get("traceEvents"), list) and doc["traceEvents"], f"{name}: no traceEvents")
+                except json.JSONDecodeError as e:
+                    check(False, f"{name}: not JSON: {e}")
+            path = os.path.join(opts.golden, name)
+            if opts.update:
+                with open(path, "w") as f:
+                    f.write(got)
+                print(f"updated {path}")
+                continue
+            if not os.path.exists(path):
+                check(False, f"{name}: no golden file {path} (run with --update)")
+                continue
+            want = open(path).read()
+            if got != want:
+                import difflib
+                diff = "".join(list(difflib.unified_diff(want.splitlines(True), got.splitlines(True), "golden/" + name,
+                                                         "now", n=2))[:60])
+                check(False, f"{name}: differs from the golden file (check_tools.py golden --update to accept)\n{diff}")
+    finish()
+
+
+def cmd_replay(opts):
+    MiB = 1 << 20
+    with tempfile.TemporaryDirectory() as d:
+        gen(opts, "replay", os.path.join(d, "replay.jsonl"))
+        cupool = Cupool(opts.cupool, d)
+        # alloc 1 MiB, alloc 3 MiB, free the first, alloc 2 MiB; growth chunks 4 MiB then 8 MiB.
+        p = cupool("replay", "--json", "replay.jsonl", "--policy", "growth,passthrough", "--growth-chunk", "4MiB",
+                   "--capacity", "64MiB", check_rc=0)
+        r = json.loads(p.stdout)
+        rec = r["recorded"]["devices"][0]
+        check(rec["peak_requested"] == 5 * MiB and rec["peak_in_use"] == 5 * MiB, f"recorded peaks: {rec}")
+        g = {x["policy"]: x for x in r["policies"]}
+        gd = g["growth"]["devices"][0]
+        # 1 MiB and 3 MiB fill the first 4 MiB chunk; the 2 MiB allocation fits in no free block
+        # (1 MiB free) and takes the next, doubled, chunk of 8 MiB.
+        check(gd["chunks_taken"] == 2, f"growth chunks taken {gd['chunks_taken']} != 2")
+        check(gd["chunk_bytes_taken"] == 12 * MiB, f"growth chunk bytes {gd['chunk_bytes_taken']} != 12 MiB")
+        check(gd["peak_reserved"] == 12 * MiB, f"growth peak reserved {gd['peak_reserved']} != 12 MiB")
+        check(gd["peak_in_use"] == 5 * MiB, f"growth peak in use {gd['peak_in_use']} != 5 MiB")
+        check(gd["chunks_returned"] == 0, "growth returned chunks")
+        # At peak in use: free = 12 - 5 = 7 MiB, largest block 6 MiB (8 MiB chunk less 2 MiB).
+        check(abs(gd["fragmentation"]["at_peak_in_use"] - (1 - 6 / 7)) < 1e-9,
+              f"growth fragmentation at peak {gd['fragmentation']['at_peak_in_use']} != 1/7")
+        check(g["growth"]["oom_count"] == 0 and g["growth"]["first_failure"] is None, "growth ran out of memory")
+        pd = g["passthrough"]["devices"][0]
+        check(pd["chunks_taken"] == 3 and pd["chunk_bytes_taken"] == 6 * MiB, f"passthrough taken: {pd}")
+        check(pd["chunks_returned"] == 1 and pd["chunk_bytes_returned"] == 1 * MiB, f"passthrough returned: {pd}")
+        check(pd["peak_reserved"] == 5 * MiB, f"passthrough peak reserved {pd['peak_reserved']} != 5 MiB")
+        check(r["out_of_memory"] is False, "out_of_memory should be false")
+
+        # A 6 MiB device: growth still fits (4 + 2 MiB chunk when 8 does not fit? the pool
+        # decides); preallocate takes 75% = 4.5 -> 4 MiB and cannot grow: the 2 MiB allocation
+        # fails, and replay exits 1 naming it.
+        p = cupool("replay", "--json", "replay.jsonl", "--policy", "preallocate", "--capacity", "6MiB", check_rc=1)
+        r = json.loads(p.stdout)
+        pre = r["policies"][0]
+        check(pre["oom_count"] == 1, f"preallocate oom_count {pre['oom_count']} != 1")
+        ff = pre["first_failure"] or {}
+        check(ff.get("size") == 2 * MiB and ff.get("api") == "cudaMalloc", f"first failure: {ff}")
+        check(ff.get("line") == 6, f"first failure line {ff.get('line')} != 6 (the 2 MiB alloc)")
+        check(ff.get("pool", {}).get("reserved") == 4 * MiB, f"first failure pool: {ff.get('pool')}")
+        p = cupool("replay", "replay.jsonl", "--policy", "preallocate", "--capacity", "6MiB", check_rc=1)
+        check("preallocate: at" in p.stdout and "2.00 MiB refused" in p.stdout, "text names the first failure:\n" + p.stdout)
+        # A limit under the 2 MiB step: passthrough refuses with class "limit".
+        p = cupool("replay", "--json", "replay.jsonl", "--policy", "passthrough", "--limit", "4MiB", check_rc=1)
+        ff = json.loads(p.stdout)["policies"][0]["first_failure"]
+        check(ff and ff["class"] == "limit" and ff["size"] == 2 * MiB, f"passthrough limit failure: {ff}")
+        # Bad options are usage errors.
+        p = cupool("replay", "replay.jsonl", "--policy", "bogus", check_rc=2)
+        check("CUPOOL_POLICY" in p.stderr, "bad policy message names CUPOOL_POLICY: " + p.stderr)
+        cupool("replay", "replay.jsonl", "--capacity", "lots", check_rc=2)
+    finish()
+
+
+def cmd_fuzz(opts):
+    with tempfile.TemporaryDirectory() as d:
+        gen(opts, "training", os.path.join(d, "good.jsonl"))
+        cupool = Cupool(opts.cupool, d)
+        lines = open(os.path.join(d, "good.jsonl")).read().splitlines(True)
+
+        def run_on(text, name="bad.jsonl", cmd=("report", "--no-progress")):
+            mode = "wb" if isinstance(text, bytes) else "w"
+            with open(os.path.join(d, name), mode) as f:
+                f.write(text)
+            return cupool(*cmd, name)
+
+        def expect_error(text, pattern, what):
+            p = run_on(text)
+            check(p.returncode == 3, f"{what}: exit {p.returncode}, expected 3; stderr: {p.stderr[:300]}")
+            check(re.search(pattern, p.stderr) is not None, f"{what}: message {p.stderr.strip()!r} !~ {pattern!r}")
+
+        # Known cases: the message says where and what.
+        expect_error("", r"bad\.jsonl: the file is empty", "empty file")
+        expect_error(lines[0].replace('"version":"1.0"', '"version":"2.0"') + "".join(lines[1:]),
+                     r"version 2\.0 is newer than this cupool understands", "newer major version")
+        expect_error("hello\n", r"bad\.jsonl:1: ", "not a trace")
+        n = 10
+        expect_error("".join(lines[:n - 1]) + lines[n - 1][:40] + "\n" + "".join(lines[n:]), rf"bad\.jsonl:{n}: ",
+                     "line cut in the middle")
+        expect_error("".join(lines[:n - 1]) + lines[n - 1].replace('"t":', '"t":-') + "".join(lines[n:]),
+                     rf"bad\.jsonl:{n}: .*\"t\"", "negative time")
+        expect_error("".join(lines[:n - 1]) + lines[n - 1].replace('"ev":"', '"ev":"x') + "".join(lines[n:]),
+                     rf"bad\.jsonl:{n}: .*unknown value", "unknown event kind")
+        expect_error("".join(lines[:n - 1]) + '{"type":"event","t":1}\n' + "".join(lines[n:]),
+                     rf"bad\.jsonl:{n}: event has no", "missing fields")
+        expect_error("".join(lines[:n - 1]) + "\x00\xff\xfe garbage\n" + "".join(lines[n:]), rf"bad\.jsonl:{n}: ",
+                     "binary garbage")
+        p = cupool("report", "--no-progress", "no-such-file.jsonl")
+        check(p.returncode == 3 and "no-such-file.jsonl" in p.stderr, f"missing file: {p.returncode} {p.stderr}")
+        # The same errors reach replay and export.
+        for cmd in (("replay", "--no-progress"), ("export", "--perfetto", "-o", "x.json", "--no-progress")):
+            p = run_on("hello\n", cmd=cmd)
+            check(p.returncode == 3 and "bad.jsonl:1:" in p.stderr, f"{cmd[0]} on a broken trace: {p.returncode} {p.stderr}")
+        # A trace cut short (the process was killed while writing): everything before it counts.
+        p = run_on("".join(lines[:-1])[:-30])
+        check(p.returncode == 3 and "cut short" in p.stderr, f"cut last line: {p.returncode} {p.stderr}")
+
+        # Random damage: any outcome but a crash. 0 (the damage was harmless) or 3 with a line number.
+        rng = random.Random(1234)
+        body = "".join(lines).encode()
+        for i in range(opts.iterations):
+            data = bytearray(body)
+            for _ in range(rng.randint(1, 4)):
+                pos = rng.randrange(len(data))
+                op = rng.randrange(6)
+                if op == 0:
+                    del data[pos:pos + rng.randint(1, 40)]
+                elif op == 1:
+                    data[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 8)))
+                elif op == 2:
+                    data[pos] = rng.choice(b'{}[]":,0123456789-.eE\\\n ')
+                elif op == 3:
+                    data = data[:pos]
+                elif op == 4:
+                    data[pos:pos] = b"9" * rng.randint(1, 30)
+                else:
+                    data[pos:pos] = b"\n"
+            p = run_on(bytes(data), name=f"fuzz.jsonl")
+            ok = p.returncode in (0, 3)
+            if p.returncode == 3:
+                ok = re.match(r"cupool report: fuzz\.jsonl(:\d+)?: \S", p.stderr) is not None
+            if not check(ok, f"fuzz case {i}: exit {p.returncode}, stderr {p.stderr[:300]!r}"):
+                with open(os.path.join(opts.keep or d, f"fuzz-fail-{i}.jsonl"), "wb") as f:
+                    f.write(bytes(data))
+    finish()
+
+
+def png_pixels(path):
+    """(width, height, rows of RGB tuples) of an 8-bit RGB/RGBA PNG, without dependencies."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, w = 8, b"", 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + length]
+        if kind == b"IHDR":
+            w, h, depth, color = struct.unpack(">IIBB", chunk[:10])
+            assert depth == 8 and color in (2, 6), f"unexpected PNG format {depth} {color}"
+            bpp = 3 if color == 2 else 4
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = w * bpp
+    rows, prev = [], bytearray(stride)
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for x in range(stride):
+            a = line[x - bpp] if x >= bpp else 0
+            b = prev[x]
+            c = prev[x - bpp] if x >= bpp else 0
+            if f == 1:
+                line[x] = (line[x] + a) & 255
+            elif f == 2:
+                line[x] = (line[x] + b) & 255
+            elif f == 3:
+                line[x] = (line[x] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[x] = (line[x] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append([tuple(line[i:i + 3]) for i in range(0, stride, bpp)])
+        prev = line
+    return w, h, rows
+
+
+def cmd_html(opts):
+    chromium = next((shutil.which(c) for c in ("chromium", "chromium-browser", "google-chrome") if shutil.which(c)), None)
+    if not chromium:
+        print("chromium is not installed: skipped (apt-get install chromium)")
+        sys.exit(SKIP)
+    with tempfile.TemporaryDirectory() as d:
+        make_traces(opts, d)
+        cupool = Cupool(opts.cupool, d)
+        cupool("report", "--no-progress", "training.jsonl", "--html", "training.html", check_rc=0)
+        cupool("report", "--no-progress", "rank1.jsonl", "rank2.jsonl", "rank3.jsonl", "--html", "ranks.html", check_rc=0)
+        for page, charts, ooms in (("training.html", 3, 1), ("ranks.html", 1 + 3 * 3, 0)):
+            url = "file://" + os.path.join(d, page)
+            base = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+                    "--user-data-dir=" + tempfile.mkdtemp(dir=d)]
+            p = subprocess.run(base + ["--dump-dom", url], capture_output=True, text=True, timeout=120)
+            dom = p.stdout
+            check(p.returncode == 0 and "<svg" in dom, f"{page}: chromium --dump-dom failed: {p.stderr[-500:]}")
+            svgs = re.findall(r'<svg class="chart" data-chart="(\w+)"', dom)
+            check(len(svgs) >= charts, f"{page}: {len(svgs)} charts in the DOM, expected at least {charts}")
+            for kind in ("memory", "fragmentation", "latency"):
+                check(kind in svgs, f"{page}: no {kind} chart")
+            # Every series has data: a path with several points.
+            paths = re.findall(r'<path class="series[^"]*" data-series="([^"]+)" data-points="(\d+)" d="([^"]*)"', dom)
+            check(len(paths) >= charts, f"{page}: {len(paths)} series paths")
+            for series, npts, d_attr in paths:
+                if series == "cap":
+                    continue
+                check(int(npts) >= 2 and len(re.findall(r"[MLHV]", d_attr)) >= 3,
+                      f"{page}: series {series} has no data ({npts} points, d={d_attr[:60]!r})")
+            check(len(re.findall(r'<g class="oom">', dom)) >= ooms, f"{page}: out-of-memory markers missing")
+            # What a person sees: a screenshot with the chart colours in it.
+            shot = os.path.join(d, page + ".png")
+            p = subprocess.run(base + ["--window-size=1900,2400", "--screenshot=" + shot, url], capture_output=True,
+                               text=True, timeout=120)
+            if not check(os.path.exists(shot), f"{page}: no screenshot: {p.stderr[-500:]}"):
+                continue
+            if opts.keep:
+                shutil.copy(shot, opts.keep)
+            w, h, rows = png_pixels(shot)
+            colours = {}
+            for row in rows[::2]:
+                for px in row[::2]:
+                    colours[px] = colours.get(px, 0) + 1
+            background = max(colours.values())
+            check(background < 0.97 * sum(colours.values()), f"{page}: the screenshot is blank")
+
+            def near(c, ref, tol=40):
+                return all(abs(a - b) <= tol for a, b in zip(c, ref))
+
+            for name, ref in (("in use (green)", (0x2C, 0xA0, 0x2C)), ("reserved (orange)", (0xFF, 0x7F, 0x0E)),
+                              ("fragmentation (purple)", (0x94, 0x67, 0xBD))):
+                n = sum(cnt for c, cnt in colours.items() if near(c, ref))
+                check(n > 50, f"{page}: the {name} series is not visible in the screenshot ({n} pixels)")
+    finish()
+
+
+def cmd_run(opts):
+    with tempfile.TemporaryDirectory() as d:
+        cupool = Cupool(opts.cupool, d)
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = opts.sim_dir + (":" + env["LD_LIBRARY_PATH"] if env.get("LD_LIBRARY_PATH") else "")
+        env["CUPOOL_LIBRARY"] = opts.shim
+        env.pop("LD_PRELOAD", None)
+        env.pop("CUPOOL_TRACE", None)
+        env["TMPDIR"] = d
+        trace = os.path.join(d, "run.jsonl")
+
+        # The program under the shim: its own counts against the trace's.
+        p = cupool("run", "--policy", "growth", "--trace", trace, "--", opts.program, env=env)
+        check(p.returncode == 0, f"run: exit {p.returncode}: {p.stderr}")
+        counts = json.loads(p.stdout.strip().splitlines()[-1])
+        check(re.search(r"cupool: device 0: peak in use [\d.]+ \w+, peak reserved [\d.]+ \w+;.* out of memory; trace " +
+                        re.escape(trace), p.stderr) is not None, "summary line missing:\n" + p.stderr)
+        check(os.path.exists(trace), "no trace written")
+        r = json.loads(cupool("report", "--json", "--no-progress", trace, check_rc=0).stdout)
+        dev = r["traces"][0]["devices"][0]
+        check(dev["allocs"] == counts["allocs"], f"report counts {dev['allocs']} allocs, the program {counts['allocs']}")
+        check(dev["frees"] == counts["frees"], f"report counts {dev['frees']} frees, the program {counts['frees']}")
+        check(r["traces"][0]["oom_count"] == counts.get("failed_allocs", 0), "out-of-memory count differs")
+        check(r["traces"][0]["complete"] is True, "trace has no footer")
+        p = cupool("replay", "--no-progress", trace)
+        check(p.returncode in (0, 1) and "peak reserved" in p.stdout, f"replay of the run's trace: {p.returncode} {p.stderr}")
+        cupool("export", "--perfetto", trace, "-o", os.path.join(d, "run.perfetto.json"), check_rc=0)
+        json.load(open(os.path.join(d, "run.perfetto.json")))
+
+        # Default trace path: $TMPDIR/cupool-<pid>.jsonl, named in the summary.
+        p = cupool("run", "--", opts.program, env=env)
+        m = re.search(r"trace (\S+/cupool-\d+\.jsonl)$", p.stderr.strip())
+        check(p.returncode == 0 and m and os.path.exists(m.group(1)), "default trace path:\n" + p.stderr)
+
+        # LD_PRELOAD: libcupool first, what was there kept.
+        env2 = dict(env, LD_PRELOAD="libm.so.6")
+        p = cupool("run", "--no-summary", "--", "sh", "-c", 'echo "$LD_PRELOAD"', env=env2, check_rc=0)
+        check(p.stdout.strip() == os.path.realpath(opts.shim) + ":libm.so.6", f"LD_PRELOAD is {p.stdout.strip()!r}")
+        p = cupool("run", "--no-summary", "--limit", "1GiB", "--free", "deferred", "--preallocate", "50%", "--",
+                   "sh", "-c", 'echo "$CUPOOL_LIMIT $CUPOOL_FREE $CUPOOL_PREALLOCATE"', env=env, check_rc=0)
+        check(p.stdout.strip() == "1GiB deferred 50%", f"CUPOOL_* variables: {p.stdout.strip()!r}")
+
+        # --takeover: says what it set, and sets it.
+        p = cupool("run", "--takeover", "--no-summary", "--", "sh", "-c",
+                   'echo "$PYTORCH_NO_CUDA_MEMORY_CACHING $XLA_PYTHON_CLIENT_ALLOCATOR $XLA_PYTHON_CLIENT_PREALLOCATE '
+                   '$TF_GPU_ALLOCATOR"', env=env, check_rc=0)
+        check(p.stdout.strip() == "1 platform false cuda_malloc", f"takeover variables: {p.stdout.strip()!r}")
+        for var in ("PYTORCH_NO_CUDA_MEMORY_CACHING=1", "XLA_PYTHON_CLIENT_ALLOCATOR=platform",
+                    "XLA_PYTHON_CLIENT_PREALLOCATE=false", "TF_GPU_ALLOCATOR=cuda_malloc"):
+            check(var in p.stderr, f"takeover does not say it set {var}: {p.stderr}")
+
+        # Exit status and signals.
+        cupool("run", "--no-summary", "--", "sh", "-c", "exit 7", env=env, check_rc=7)
+        p = cupool("run", "--", "sh", "-c", "kill -TERM $$", env=env, check_rc=128 + 15)
+        check("signal 15" in p.stderr, "killed by a signal is not said: " + p.stderr)
+        cupool("run", "--", "/no/such/program", env=env, check_rc=127)
+        p = cupool("run", "--policy", "bogus", "--", "true", env=env, check_rc=2)
+        check("CUPOOL_POLICY" in p.stderr, "bad --policy message: " + p.stderr)
+        cupool("run", env=env, check_rc=2)
+        p = cupool("run", "--", "true", env=dict(env, CUPOOL_LIBRARY="/no/libcupool.so"), check_rc=4)
+        check("CUPOOL_LIBRARY" in p.stderr, "missing library message: " + p.stderr)
+    finish()
+
+
+def cmd_cli(opts):
+    with tempfile.TemporaryDirectory() as d:
+        cupool = Cupool(opts.cupool, d)
+        p = cupool("--version", check_rc=0)
+        check(re.match(r"cupool \d+\.\d+", p.stdout) is not None, "--version: " + p.stdout)
+        cupool("--help", check_rc=0)
+        for sub in ("run", "report", "replay", "export"):
+            p = cupool(sub, "--help", check_rc=0)
+            check(p.stdout.startswith("usage: cupool " + sub), f"{sub} --help: {p.stdout[:80]!r}")
+            check("exit status" in p.stdout, f"{sub} --help does not document exit status")
+        cupool(check_rc=2)
+        cupool("frobnicate", check_rc=2)
+        cupool("report", check_rc=2)
+        p = cupool("report", "--bogus", "x", check_rc=2)
+        check("unknown option --bogus" in p.stderr, "unknown option message: " + p.stderr)
+        cupool("export", "x.jsonl", "-o", "y", check_rc=2)  # no --perfetto
+        cupool("export", "--perfetto", "x.jsonl", check_rc=2)  # no -o
+        cupool("report", "missing.jsonl", check_rc=3)
+        gen(opts, "replay", os.path.join(d, "t.jsonl"))
+        p = cupool("report", "t.jsonl", "--html", "/no/such/dir/x.html", check_rc=4)
+        # Standard input.
+        p = subprocess.run([opts.cupool, "report", "-"], stdin=open(os.path.join(d, "t.jsonl")), capture_output=True,
+                           text=True)
+        check(p.returncode == 0 and "peak in use" in p.stdout, "report - (stdin): " + p.stderr)
+    finish()
+
+
+def cmd_perf(opts):
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "big.jsonl")
+        gen(opts, "big", path, "--events", str(opts.events))
+        best = None
+        for _ in range(3):
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            t0 = time.monotonic()
+            p = subprocess.run([opts.cupool, "report", "--no-progress", path], capture_output=True, text=True)
+            wall = time.monotonic() - t0
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+            check(p.returncode == 0, "report failed: " + p.stderr)
+            best = min(best or cpu, cpu)
+            print(f"{opts.events} events: {cpu:.2f} s CPU ({opts.events / cpu / 1e6:.2f} M events/s), {wall:.2f} s wall, "
+                  f"max RSS {after.ru_maxrss // 1024} MiB")
+        rate = opts.events / best
+        check(rate >= opts.min_rate, f"report read {rate / 1e6:.2f} M events/s of CPU, below {opts.min_rate / 1e6:.1f} M")
+    finish()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cupool", required=True)
+    ap.add_argument("--gen", default=os.path.join(HERE, "gen_trace.py"))
+    ap.add_argument("--golden", default=os.path.join(HERE, "golden"))
+    ap.add_argument("--keep", help="copy screenshots and failing fuzz cases here")
+    ap.add_argument("check", choices=["golden", "replay", "fuzz", "html", "run", "cli", "perf"])
+    ap.add_argument("--update", action="store_true")
+    ap.add_argument("--iterations", type=int, default=300)
+    ap.add_argument("--shim")
+    ap.add_argument("--sim-dir")
+    ap.add_argument("--program")
+    ap.add_argument("--events", type=int, default=2_000_000)
+    ap.add_argument("--min-rate", type=float, default=2e6)
+    opts = ap.parse_args()
+    opts.cupool = os.path.abspath(opts.cupool)
+    for name in ("shim", "sim_dir", "program", "keep"):
+        if getattr(opts, name):
+            setattr(opts, name, os.path.abspath(getattr(opts, name)))
+    {"golden": cmd_golden, "replay": cmd_replay, "fuzz": cmd_fuzz, "html": cmd_html, "run": cmd_run, "cli": cmd_cli,
+     "perf": cmd_perf}[opts.check](opts)
+
+
+if __name__ == "__main__":
+    main()
