@@ -75,12 +75,20 @@ bool DevicePool::may_grow() const {
 
 // ---- allocation ----------------------------------------------------------------------------------
 
-AllocResult DevicePool::allocate(std::size_t size) {
+AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
   if (size == 0) return {};
   Lock lk(mu_);
   if (cfg_.release_idle_ns) check_idle(lk);
-  if (std::uint64_t p = sub_.allocate(size)) return {p};
-  return allocate_slow(lk, size);
+  AllocResult r;
+  if (std::uint64_t p = sub_.allocate(size))
+    r.ptr = p;
+  else
+    r = allocate_slow(lk, size);
+  if (state) {
+    if (!lk.owns_lock()) lk.lock();
+    *state = state_locked();
+  }
+  return r;
 }
 
 // The miss path, in order: retired fences; (first use) preallocation; growth; waiting for the
@@ -277,35 +285,41 @@ std::size_t DevicePool::release_free_chunks(Lock& lk, bool include_prealloc, std
 
 // ---- free ------------------------------------------------------------------------------------------
 
-FreeResult DevicePool::deallocate(std::uint64_t ptr) {
+FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::PoolState* state) {
+  std::size_t freed_size = 0;
+  auto finish = [&](Suballocator::FreeStatus st) {
+    if (size) *size = st == Suballocator::FreeStatus::freed ? freed_size : 0;
+    if (state) *state = state_locked();
+    return to_free_result(st);
+  };
   if (!deferred_) {
     // As cudaFree does: wait for the device, then the memory is reusable at once. Done before
     // looking the pointer up so the lock is taken once; a foreign pointer's free waits anyway.
     up_.synchronize();
   } else if (up_.needs_fences()) {
     Lock lk(mu_);
-    std::size_t size = 0;
-    auto st = sub_.hold(ptr, &size);
-    if (st != Suballocator::FreeStatus::freed) return to_free_result(st);
+    auto st = sub_.hold(ptr, &freed_size);
+    if (st != Suballocator::FreeStatus::freed) return finish(st);
     if (pending_.capacity() == 0) pending_.reserve(kBatchBlocks);
     pending_.push_back(ptr);
-    pending_bytes_ += size;
+    pending_bytes_ += freed_size;
     if (pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes) {
       seal_pending();
       retire_ready();
     }
     if (cfg_.release_idle_ns) check_idle(lk);
-    return FreeResult::freed;
+    return finish(st);
   }
   // sync mode, or deferred with one stream only: stream order alone makes reuse safe
   Lock lk(mu_);
   Suballocator::FreeInfo info;
   auto st = sub_.free(ptr, &info);
+  freed_size = info.size;
   if (st == Suballocator::FreeStatus::freed && cfg_.release_idle_ns) {
     note_free(info);
     check_idle(lk);
   }
-  return to_free_result(st);
+  return finish(st);
 }
 
 void DevicePool::note_free(const Suballocator::FreeInfo& info) {

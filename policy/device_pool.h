@@ -42,8 +42,11 @@ class DevicePool {
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
 
-  AllocResult allocate(std::size_t size);  // size 0: ptr 0, no error
-  FreeResult deallocate(std::uint64_t ptr);
+  // size 0: ptr 0, no error. `state`, if given, receives the pool state after the call, read
+  // under the same lock (the trace wants it, and a second lock round-trip costs).
+  AllocResult allocate(std::size_t size, trace::PoolState* state = nullptr);
+  // `size`, if given, receives the freed block's size (0 if not freed); `state` as above.
+  FreeResult deallocate(std::uint64_t ptr, std::size_t* size = nullptr, trace::PoolState* state = nullptr);
 
   bool owns(std::uint64_t ptr) const;  // inside one of the pool's chunks (frees of it belong here)
   bool block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const;  // interior too

@@ -45,11 +45,18 @@ struct Event {
     r.api = api;
     r.path = path;
   }
+  // Where the pool writes its state after serving the call (nothing when not tracing).
+  trace::PoolState* pool_state() {
+    if (!on) return nullptr;
+    r.has_pool = true;
+    return &r.pool;
+  }
   void stream(const void* s) {
     r.has_stream = true;
     r.stream = reinterpret_cast<std::uintptr_t>(s);
   }
-  void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextPool* cp, bool with_pool) {
+  // The pool state, if the pool served the call, is already in r.pool (has_pool set).
+  void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextPool* cp) {
     if (!on) return;
     const std::uint64_t end = now_ns();
     r.dur_ns = end - r.t_ns;
@@ -61,13 +68,7 @@ struct Event {
     r.size = size;
     r.ptr = ptr;
     r.tid = thread_id();
-    if (cp) {
-      r.device = static_cast<std::int16_t>(cp->device);
-      if (with_pool) {
-        r.has_pool = true;
-        r.pool = cp->pool->state();
-      }
-    }
+    if (cp) r.device = static_cast<std::int16_t>(cp->device);
     emit(r);
   }
 };
@@ -123,8 +124,8 @@ void set_runtime_last_error_oom() {
 }
 
 // Serves an allocation from the pool. Returns 0 and the pointer, or the OOM class.
-AllocResult pool_allocate(ContextPool* cp, std::size_t size, const char* api) {
-  AllocResult r = cp->pool->allocate(size);
+AllocResult pool_allocate(ContextPool* cp, std::size_t size, const char* api, trace::PoolState* state) {
+  AllocResult r = cp->pool->allocate(size, state);
   if (r.ptr == 0) warn_oom(cp, api, size, r.oom == OomClass::none ? OomClass::device : r.oom);
   return r;
 }
@@ -176,15 +177,15 @@ cudaError_t cudaMalloc(Path path, void** devPtr, size_t size) {
       return r;
     });
     if (rc == cudaErrorMemoryAllocation && cp) set_runtime_last_error_oom();
-    ev.done(rc, size, rc == cudaSuccess ? reinterpret_cast<std::uintptr_t>(*devPtr) : 0, cp, false);
+    ev.done(rc, size, rc == cudaSuccess ? reinterpret_cast<std::uintptr_t>(*devPtr) : 0, cp);
     return rc;
   }
   if (size == 0) {
     *devPtr = nullptr;
-    ev.done(cudaSuccess, 0, 0, cp, true);
+    ev.done(cudaSuccess, 0, 0, cp);
     return cudaSuccess;
   }
-  AllocResult r = pool_allocate(cp, size, "cudaMalloc");
+  AllocResult r = pool_allocate(cp, size, "cudaMalloc", ev.pool_state());
   if (r.ptr) {
     *devPtr = reinterpret_cast<void*>(r.ptr);
     rc = cudaSuccess;
@@ -193,7 +194,7 @@ cudaError_t cudaMalloc(Path path, void** devPtr, size_t size) {
     rc = cudaErrorMemoryAllocation;
     ev.r.oom_class = r.oom;
   }
-  ev.done(rc, size, r.ptr, cp, true);
+  ev.done(rc, size, r.ptr, cp);
   return rc;
 }
 
@@ -214,11 +215,11 @@ cudaError_t cudaMallocPitch(Path path, void** devPtr, size_t* pitch, size_t widt
       key = reinterpret_cast<std::uintptr_t>(*devPtr);
       return r;
     });
-    ev.done(rc, bytes, rc == cudaSuccess ? reinterpret_cast<std::uintptr_t>(*devPtr) : 0, cp, false);
+    ev.done(rc, bytes, rc == cudaSuccess ? reinterpret_cast<std::uintptr_t>(*devPtr) : 0, cp);
     return rc;
   }
   const std::uint64_t row = round_pitch(width);
-  AllocResult r = pool_allocate(cp, row * height, "cudaMallocPitch");
+  AllocResult r = pool_allocate(cp, row * height, "cudaMallocPitch", ev.pool_state());
   if (r.ptr) {
     *devPtr = reinterpret_cast<void*>(r.ptr);
     *pitch = row;
@@ -228,7 +229,7 @@ cudaError_t cudaMallocPitch(Path path, void** devPtr, size_t* pitch, size_t widt
     rc = cudaErrorMemoryAllocation;
     ev.r.oom_class = r.oom;
   }
-  ev.done(rc, row * height, r.ptr, cp, true);
+  ev.done(rc, row * height, r.ptr, cp);
   return rc;
 }
 
@@ -245,7 +246,7 @@ cudaError_t cudaMallocManaged(Path path, void** devPtr, size_t size, unsigned in
     key = reinterpret_cast<std::uintptr_t>(*devPtr);
     return r;
   });
-  ev.done(rc, size, rc == cudaSuccess ? key : 0, cp, false);
+  ev.done(rc, size, rc == cudaSuccess ? key : 0, cp);
   return rc;
 }
 
@@ -265,7 +266,7 @@ cudaError_t runtime_malloc_async(Path path, const char* api, Real real, void** d
     key = reinterpret_cast<std::uintptr_t>(*devPtr);
     return r;
   });
-  ev.done(rc, size, rc == cudaSuccess ? key : 0, cp, false);
+  ev.done(rc, size, rc == cudaSuccess ? key : 0, cp);
   return rc;
 }
 
@@ -280,7 +281,7 @@ cudaError_t runtime_free_async(Path path, const char* api, Real real, void* devP
   std::uint64_t bytes = 0;
   ContextPool* owner = nullptr;
   if (rc == cudaSuccess) forget_external(reinterpret_cast<std::uintptr_t>(devPtr), &bytes, &owner);
-  ev.done(rc, bytes, reinterpret_cast<std::uintptr_t>(devPtr), owner, false);
+  ev.done(rc, bytes, reinterpret_cast<std::uintptr_t>(devPtr), owner);
   return rc;
 }
 }  // namespace
@@ -305,19 +306,19 @@ template <typename Code, typename RealFree>
 Code free_any(Path path, const char* api, std::uint64_t ptr, Code ok, Code invalid, RealFree&& real_free) {
   Event ev(EventKind::free, api, path);
   if (ContextPool* cp = pooled() ? pool_owning(ptr) : nullptr) {
-    const std::uint64_t size = cp->pool->block_size(ptr);
-    const FreeResult fr = cp->pool->deallocate(ptr);
+    std::size_t size = 0;
+    const FreeResult fr = cp->pool->deallocate(ptr, &size, ev.pool_state());
     const Code rc = fr == FreeResult::freed ? ok : invalid;
     if (fr == FreeResult::double_free)
       log_warn(std::string(api) + " of a block that is already free (double free); the pool is unchanged");
-    ev.done(rc, size, ptr, cp, true);
+    ev.done(rc, size, ptr, cp);
     return rc;
   }
   Code rc = real_free();
   std::uint64_t bytes = 0;
   ContextPool* owner = nullptr;
   if (rc == ok) forget_external(ptr, &bytes, &owner);
-  ev.done(rc, bytes, ptr, owner, false);
+  ev.done(rc, bytes, ptr, owner);
   return rc;
 }
 }  // namespace
@@ -351,7 +352,7 @@ cudaError_t cudaMemGetInfo(Path path, size_t* free, size_t* total) {
   ContextPool* cp = runtime_pool();
   cudaError_t rc = cudaSuccess;
   if (!pool_mem_info(cp, free, total)) rc = real ? real(free, total) : cudaErrorInitializationError;
-  ev.done(rc, free ? *free : 0, 0, cp, cp != nullptr && pooled());
+  ev.done(rc, free ? *free : 0, 0, cp);
   return rc;
 }
 
@@ -373,14 +374,14 @@ CUresult cuMemAlloc_v2(Path path, CUdeviceptr* dptr, size_t bytesize) {
       key = *dptr;
       return r;
     });
-    ev.done(rc, bytesize, rc == CUDA_SUCCESS ? *dptr : 0, cp, false);
+    ev.done(rc, bytesize, rc == CUDA_SUCCESS ? *dptr : 0, cp);
     return rc;
   }
-  AllocResult r = pool_allocate(cp, bytesize, "cuMemAlloc_v2");
+  AllocResult r = pool_allocate(cp, bytesize, "cuMemAlloc_v2", ev.pool_state());
   rc = r.ptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
   if (r.ptr) *dptr = r.ptr;
   ev.r.oom_class = r.oom;
-  ev.done(rc, bytesize, r.ptr, cp, true);
+  ev.done(rc, bytesize, r.ptr, cp);
   return rc;
 }
 
@@ -403,18 +404,18 @@ CUresult cuMemAllocPitch_v2(Path path, CUdeviceptr* dptr, size_t* pitch, size_t 
       key = *dptr;
       return r;
     });
-    ev.done(rc, bytes, rc == CUDA_SUCCESS ? *dptr : 0, cp, false);
+    ev.done(rc, bytes, rc == CUDA_SUCCESS ? *dptr : 0, cp);
     return rc;
   }
   const std::uint64_t row = round_pitch(width);
-  AllocResult r = pool_allocate(cp, row * height, "cuMemAllocPitch_v2");
+  AllocResult r = pool_allocate(cp, row * height, "cuMemAllocPitch_v2", ev.pool_state());
   rc = r.ptr ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
   if (r.ptr) {
     *dptr = r.ptr;
     *pitch = row;
   }
   ev.r.oom_class = r.oom;
-  ev.done(rc, row * height, r.ptr, cp, true);
+  ev.done(rc, row * height, r.ptr, cp);
   return rc;
 }
 
@@ -440,7 +441,7 @@ CUresult cuMemAllocManaged(Path path, CUdeviceptr* dptr, size_t bytesize, unsign
     key = *dptr;
     return r;
   });
-  ev.done(rc, bytesize, rc == CUDA_SUCCESS ? key : 0, cp, false);
+  ev.done(rc, bytesize, rc == CUDA_SUCCESS ? key : 0, cp);
   return rc;
 }
 
@@ -453,7 +454,7 @@ CUresult cuMemGetInfo_v2(Path path, size_t* free, size_t* total) {
   ContextPool* cp = driver_pool();
   CUresult rc = CUDA_SUCCESS;
   if (!pool_mem_info(cp, free, total)) rc = real ? real(free, total) : CUDA_ERROR_NOT_INITIALIZED;
-  ev.done(rc, free ? *free : 0, 0, cp, cp != nullptr && pooled());
+  ev.done(rc, free ? *free : 0, 0, cp);
   return rc;
 }
 
@@ -478,7 +479,7 @@ CUresult driver_alloc_async(Path path, const char* api, Real real, CUdeviceptr* 
     key = *dptr;
     return r;
   });
-  ev.done(rc, bytesize, rc == CUDA_SUCCESS ? key : 0, cp, false);
+  ev.done(rc, bytesize, rc == CUDA_SUCCESS ? key : 0, cp);
   return rc;
 }
 
@@ -493,7 +494,7 @@ CUresult driver_free_async(Path path, const char* api, Real real, CUdeviceptr dp
   std::uint64_t bytes = 0;
   ContextPool* owner = nullptr;
   if (rc == CUDA_SUCCESS) forget_external(dptr, &bytes, &owner);
-  ev.done(rc, bytes, dptr, owner, false);
+  ev.done(rc, bytes, dptr, owner);
   return rc;
 }
 }  // namespace
@@ -537,7 +538,7 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
     return r;
   });
   if (cp == nullptr && prop) ev.r.device = static_cast<std::int16_t>(prop->location.id);
-  ev.done(rc, size, rc == CUDA_SUCCESS ? key : 0, cp, false);
+  ev.done(rc, size, rc == CUDA_SUCCESS ? key : 0, cp);
   return rc;
 }
 
@@ -551,7 +552,7 @@ CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
   std::uint64_t bytes = 0;
   ContextPool* owner = nullptr;
   if (rc == CUDA_SUCCESS) forget_external(handle, &bytes, &owner);
-  ev.done(rc, bytes, handle, owner, false);
+  ev.done(rc, bytes, handle, owner);
   return rc;
 }
 
@@ -566,7 +567,7 @@ CUresult recorded(Path path, EventKind kind, const char* api, std::uint64_t size
   Event ev(kind, api, path);
   CUresult rc = call();
   ContextPool* cp = driver_pool();
-  ev.done(rc, size, ptr_after(arg), cp, false);
+  ev.done(rc, size, ptr_after(arg), cp);
   return rc;
 }
 std::uint64_t value_of(void* p) { return *static_cast<std::uint64_t*>(p); }
