@@ -70,13 +70,13 @@ def count(summary, ev=None, api=None, path=None):
     return n
 
 
-def run(name, cmd, env_extra=None, shim=None, timeout=300):
+def run(name, cmd, env_extra=None, shim=None, timeout=150):
     """shim: None (no cupool) or a dict of CUPOOL_* settings."""
     env = dict(os.environ)
     env.update(env_extra or {})
     trace = None
     if shim is not None:
-        trace = os.path.join(OUT, "traces", re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".%p.jsonl")
+        trace = os.path.join(TRACES, re.sub(r"[^A-Za-z0-9_.-]", "_", name) + ".%p.jsonl")
         env["LD_PRELOAD"] = SHIM
         env["CUPOOL_TRACE"] = trace
         env.setdefault("CUPOOL_LOG_LEVEL", "warn")
@@ -113,7 +113,9 @@ def wanted(group):
     return ONLY is None or group in ONLY
 
 
-os.makedirs(os.path.join(OUT, "traces"), exist_ok=True)
+# Traces stay on the machine (only a few result files travel back).
+TRACES = os.environ.get("CUPOOL_GPU_TRACES", "/tmp/cupool-gpu-traces")
+os.makedirs(TRACES, exist_ok=True)
 TRANSFORMER = os.path.join(WORKLOADS, "transformer_step.py")
 JAX_MLP = os.path.join(WORKLOADS, "jax_mlp_step.py")
 TORCH_MODES = {
@@ -182,7 +184,8 @@ if wanted("steps"):
     run("step-jax-platform-growth-deferred", [PY, JAX_MLP], {"MODE": "platform+cupool",
         "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
 
-with open(os.path.join(OUT, "results.json"), "w") as f:
+tag = "-".join(sorted(ONLY)) if ONLY else "all"
+with open(os.path.join(OUT, f"results-{tag}.json"), "w") as f:
     json.dump(results, f, indent=1)
 
 # ---- A short table ---------------------------------------------------------------------------
@@ -211,5 +214,5 @@ for r in results:
         allocs = r["trace_error"][:80]
     lines.append(f"| {r['name']} | {r['rc']} | {'; '.join(res)} | {allocs[:300]} | {peak} |")
 table = "\n".join(lines)
-open(os.path.join(OUT, "results.md"), "w").write(table + "\n")
+open(os.path.join(OUT, f"results-{tag}.md"), "w").write(table + "\n")
 print(table)

@@ -7,12 +7,13 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 build=$1 workloads=$2 out=$3; shift 3
-mkdir -p "$out/bin"
+bin=${CUPOOL_GPU_BIN:-/tmp/cupool-gpu-bin}
+mkdir -p "$bin" "$out"
 echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(date -u +%F)"
 arch=-arch=sm_90
-nvcc -O2 $arch -cudart shared -o "$out/bin/workload_shared" -x cu "$root/examples/workload.cpp" &
-nvcc -O2 $arch -o "$out/bin/workload_static" -x cu "$root/examples/workload.cpp" &
-nvcc -O2 $arch -cudart shared -o "$out/bin/inflight" "$here/inflight.cu" &
-nvcc -O2 $arch -cudart shared -o "$out/bin/bench_alloc" "$here/bench_alloc.cu" &
+nvcc -O2 $arch -cudart shared -o "$bin/workload_shared" -x cu "$root/examples/workload.cpp" &
+nvcc -O2 $arch -o "$bin/workload_static" -x cu "$root/examples/workload.cpp" &
+nvcc -O2 $arch -cudart shared -o "$bin/inflight" "$here/inflight.cu" &
+nvcc -O2 $arch -cudart shared -o "$bin/bench_alloc" "$here/bench_alloc.cu" &
 wait
-python3 "$here/run_all.py" "$build" "$workloads" "$out/bin" "$out" "$@"
+python3 "$here/run_all.py" "$build" "$workloads" "$bin" "$out" "$@"
