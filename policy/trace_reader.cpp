@@ -18,7 +18,8 @@ constexpr int kMaxDepth = 64;                // nesting in skipped values
 template <typename Enum, std::size_t N>
 bool lookup_name(std::string_view name, const std::array<std::string_view, N>& names, Enum& out) {
   for (std::size_t i = 0; i < N; ++i)
-    if (names[i] == name) {
+    if (names[i].size() == name.size() && !name.empty() && names[i][0] == name[0] &&
+        std::memcmp(names[i].data(), name.data(), name.size()) == 0) {
       out = static_cast<Enum>(i);
       return true;
     }
@@ -35,6 +36,60 @@ constexpr std::pair<Field, std::string_view> kRequiredNames[] = {
     {f_t, tk::t},       {f_tid, tk::tid},   {f_ev, tk::ev},   {f_api, tk::api}, {f_path, tk::path},
     {f_dev, tk::dev},   {f_size, tk::size}, {f_ptr, tk::ptr}, {f_rc, tk::rc},   {f_dur, tk::dur}};
 
+// Characters that end the plain run of a JSON string: the quote, an escape, a control character.
+constexpr auto kStringStop = [] {
+  std::array<bool, 256> stop{};
+  for (int c = 0; c < 0x20; ++c) stop[static_cast<std::size_t>(c)] = true;
+  stop['"'] = stop['\\'] = true;
+  return stop;
+}();
+
+enum class Key : std::uint8_t {
+  unknown, type, t, tid, ev, api, path, dev, size, ptr, stream, rc, dur, oom, reserved, in_use, largest_free,
+  quarantined, free_blocks
+};
+
+// The key names, checked against the schema so the two cannot drift apart.
+static_assert(tk::t == "t" && tk::ev == "ev" && tk::rc == "rc" && tk::tid == "tid" && tk::api == "api" &&
+              tk::ptr == "ptr" && tk::oom_class == "oom" && tk::dev == "dev" && tk::dur == "dur" &&
+              tk::type == "type" && tk::path == "path" && tk::size == "size" && tk::stream == "stream" &&
+              tk::in_use == "in_use" && tk::reserved == "reserved" && tk::free_blocks == "free_blocks" &&
+              tk::quarantined == "quarantined" && tk::largest_free == "largest_free");
+
+// One fixed-size comparison per key instead of a chain of them. k.size() is N - 1 here.
+template <std::size_t N>
+Key key_if(std::string_view k, const char (&name)[N], Key key) {
+  return std::memcmp(k.data(), name, N - 1) == 0 ? key : Key::unknown;
+}
+
+Key key_of(std::string_view k) {
+  switch (k.size()) {
+    case 1: return k[0] == 't' ? Key::t : Key::unknown;
+    case 2: return k[0] == 'e' ? key_if(k, "ev", Key::ev) : key_if(k, "rc", Key::rc);
+    case 3:
+      switch (k[0]) {
+        case 't': return key_if(k, "tid", Key::tid);
+        case 'a': return key_if(k, "api", Key::api);
+        case 'p': return key_if(k, "ptr", Key::ptr);
+        case 'o': return key_if(k, "oom", Key::oom);
+        case 'd': return k[1] == 'e' ? key_if(k, "dev", Key::dev) : key_if(k, "dur", Key::dur);
+      }
+      return Key::unknown;
+    case 4:
+      switch (k[0]) {
+        case 't': return key_if(k, "type", Key::type);
+        case 'p': return key_if(k, "path", Key::path);
+        case 's': return key_if(k, "size", Key::size);
+      }
+      return Key::unknown;
+    case 6: return k[0] == 's' ? key_if(k, "stream", Key::stream) : key_if(k, "in_use", Key::in_use);
+    case 8: return key_if(k, "reserved", Key::reserved);
+    case 11: return k[0] == 'f' ? key_if(k, "free_blocks", Key::free_blocks) : key_if(k, "quarantined", Key::quarantined);
+    case 12: return key_if(k, "largest_free", Key::largest_free);
+  }
+  return Key::unknown;
+}
+
 // A flat JSON object, scanned in place. Errors are returned as text; the reader adds the place.
 class Scanner {
  public:
@@ -44,6 +99,9 @@ class Scanner {
 
   bool ok() const { return error.empty(); }
   void ws() {
+    // The writer writes no whitespace: one comparison in the common case.
+    if (p_ < end_ && static_cast<unsigned char>(*p_) > ' ') [[likely]]
+      return;
     while (p_ < end_ && (*p_ == ' ' || *p_ == '\t' || *p_ == '\r')) ++p_;
   }
   bool at_end() {
@@ -76,7 +134,7 @@ class Scanner {
     ws();
     if (p_ >= end_ || *p_ != '"') return set_error(fmt::format("expected a string at column {}", column()));
     const char* s = ++p_;
-    while (p_ < end_ && *p_ != '"' && *p_ != '\\' && static_cast<unsigned char>(*p_) >= 0x20) ++p_;
+    while (p_ < end_ && !kStringStop[static_cast<unsigned char>(*p_)]) ++p_;
     if (p_ < end_ && *p_ == '"') {
       out = std::string_view(s, static_cast<std::size_t>(p_ - s));
       ++p_;
@@ -142,25 +200,69 @@ class Scanner {
     return std::string_view(s, static_cast<std::size_t>(p_ - s));
   }
 
+  // Integers by hand: this is most of the work of reading an event line.
   bool u64(std::uint64_t& out) {
-    const std::string_view tok = number_token();
-    const auto [q, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), out);
-    return !tok.empty() && ec == std::errc() && q == tok.data() + tok.size();
+    ws();
+    const char* p = p_;
+    const char* const end = end_;
+    std::uint64_t v = 0;
+    int digits = 0;
+    while (p < end && static_cast<unsigned>(*p - '0') < 10) {
+      const auto d = static_cast<unsigned>(*p - '0');
+      if (digits >= 19) [[unlikely]] {  // only a 20th digit can overflow, and only past 18446744073709551615
+        constexpr std::uint64_t kMaxDiv10 = UINT64_MAX / 10;
+        if (digits > 19 || v > kMaxDiv10 || (v == kMaxDiv10 && d > UINT64_MAX % 10)) return false;
+      }
+      v = v * 10 + d;
+      ++digits;
+      ++p;
+    }
+    p_ = p;
+    if (digits == 0) return false;
+    if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return false;  // not an integer
+    out = v;
+    return true;
   }
   bool i64(std::int64_t& out) {
-    const std::string_view tok = number_token();
-    const auto [q, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), out);
-    return !tok.empty() && ec == std::errc() && q == tok.data() + tok.size();
+    ws();
+    const bool negative = p_ < end_ && *p_ == '-';
+    if (negative) ++p_;
+    if (p_ < end_ && *p_ == '-') return false;
+    std::uint64_t v;
+    if (!u64(v)) return false;
+    if (v > static_cast<std::uint64_t>(INT64_MAX) + (negative ? 1 : 0)) return false;
+    out = negative ? static_cast<std::int64_t>(0 - v) : static_cast<std::int64_t>(v);
+    return true;
   }
   // "0x7f00" (as the writer writes addresses and handles), or a plain number.
   bool address(std::uint64_t& out) {
     ws();
     if (p_ < end_ && *p_ != '"') return u64(out);
+    const char* at = p_;
     std::string_view s;
-    if (!string(s, skip_storage_)) return false;
+    if (raw_string(s) && parse_hex(s, out)) return true;
+    rewind(at);  // escapes, or not an address: the careful way
+    return string(s, skip_storage_) && parse_hex(s, out);
+  }
+  static bool parse_hex(std::string_view s, std::uint64_t& out) {
     if (s.size() < 3 || s.size() > 18 || s[0] != '0' || (s[1] != 'x' && s[1] != 'X')) return false;
     const auto [q, ec] = std::from_chars(s.data() + 2, s.data() + s.size(), out, 16);
     return ec == std::errc() && q == s.data() + s.size();
+  }
+
+  const char* pos() const { return p_; }
+  void rewind(const char* at) { p_ = at; }
+  // The bytes up to the next quote, unchecked: callers take the result only when it matches
+  // something known (which has no escapes), and otherwise rewind and call string().
+  bool raw_string(std::string_view& out) {
+    ws();
+    if (p_ >= end_ || *p_ != '"') return false;
+    const char* s = p_ + 1;
+    const auto* q = static_cast<const char*>(std::memchr(s, '"', static_cast<std::size_t>(end_ - s)));
+    if (q == nullptr) return false;
+    out = std::string_view(s, static_cast<std::size_t>(q - s));
+    p_ = q + 1;
+    return true;
   }
 
   // Any JSON value; nested objects and arrays are checked for balance only.
@@ -486,7 +588,10 @@ void TraceReader::parse_event(std::string_view line, Event& out) {
     if (!s.u64(v)) bad(key, "a non-negative integer");
   };
   auto name = [&](std::string_view key, auto& value, const auto& names) {
+    const char* at = s.pos();
     std::string_view text;
+    if (s.raw_string(text) && lookup_name(text, names, value)) return;
+    s.rewind(at);
     if (!s.string(text, scratch_)) bad(key, "a string");
     if (!lookup_name(text, names, value)) fail(fmt::format("event field \"{}\": unknown value \"{}\"", key, text));
   };
@@ -494,80 +599,108 @@ void TraceReader::parse_event(std::string_view line, Event& out) {
   if (!s.expect('{', "'{'")) fail(s.error);
   if (!s.eat('}')) {
     for (;;) {
+      const char* key_at = s.pos();
       std::string_view key;
-      if (!s.string(key, scratch_)) fail(s.error);
-      // The key's text may live in scratch_, which the value may reuse: keep a copy if so.
+      Key id = s.raw_string(key) ? key_of(key) : Key::unknown;
       char key_copy[32];
-      if (key.data() == scratch_.data() && key.size() <= sizeof key_copy) {
-        std::memcpy(key_copy, key.data(), key.size());
-        key = std::string_view(key_copy, key.size());
+      if (id == Key::unknown) {  // escapes, or a key this version does not know: the careful way
+        s.rewind(key_at);
+        if (!s.string(key, scratch_)) fail(s.error);
+        id = key_of(key);
+        // The key's text may live in scratch_, which the value may reuse: keep a copy if so.
+        if (key.data() == scratch_.data() && key.size() <= sizeof key_copy) {
+          std::memcpy(key_copy, key.data(), key.size());
+          key = std::string_view(key_copy, key.size());
+        }
       }
       if (!s.expect(':', "':'")) fail(s.error);
       std::uint64_t u = 0;
       std::int64_t i = 0;
-      if (key == tk::t) {
+      switch (id) {
+      case Key::t:
         u64(key, out.t_ns);
         seen |= f_t;
-      } else if (key == tk::tid) {
+        break;
+      case Key::tid:
         u64(key, u);
         if (u > UINT32_MAX) bad(key, "a thread id (32 bits)");
         out.tid = static_cast<std::uint32_t>(u);
         seen |= f_tid;
-      } else if (key == tk::ev) {
+        break;
+      case Key::ev:
         name(key, out.kind, trace::kEventKindNames);
         seen |= f_ev;
-      } else if (key == tk::api) {
+        break;
+      case Key::api: {
         std::string_view text;
         if (!s.string(text, scratch_)) bad(key, "a string");
         out.api.assign(text.data(), text.size());  // reuses the capacity
         seen |= f_api;
-      } else if (key == tk::path) {
+        break;
+      }
+      case Key::path:
         name(key, out.path, trace::kPathNames);
         seen |= f_path;
-      } else if (key == tk::dev) {
+        break;
+      case Key::dev:
         if (!s.i64(i) || i < -1 || i > 1 << 20) bad(key, "a device index (-1 when unknown)");
         out.device = static_cast<int>(i);
         seen |= f_dev;
-      } else if (key == tk::size) {
+        break;
+      case Key::size:
         u64(key, out.size);
         seen |= f_size;
-      } else if (key == tk::ptr) {
+        break;
+      case Key::ptr:
         if (!s.address(out.ptr)) bad(key, "an address \"0x...\"");
         seen |= f_ptr;
-      } else if (key == tk::stream) {
+        break;
+      case Key::stream:
         if (!s.address(out.stream)) bad(key, "a handle \"0x...\"");
         out.has_stream = true;
-      } else if (key == tk::rc) {
+        break;
+      case Key::rc:
         if (!s.i64(i) || i < INT32_MIN || i > INT32_MAX) bad(key, "an integer result code");
         out.rc = static_cast<int>(i);
         seen |= f_rc;
-      } else if (key == tk::dur) {
+        break;
+      case Key::dur:
         u64(key, out.dur_ns);
         seen |= f_dur;
-      } else if (key == tk::oom_class) {
+        break;
+      case Key::oom:
         name(key, out.oom, trace::kOomClassNames);
-      } else if (key == tk::reserved) {
+        break;
+      case Key::reserved:
         u64(key, out.pool.reserved);
         has_pool = true;
-      } else if (key == tk::in_use) {
+        break;
+      case Key::in_use:
         u64(key, out.pool.in_use);
         has_pool = true;
-      } else if (key == tk::largest_free) {
+        break;
+      case Key::largest_free:
         u64(key, out.pool.largest_free);
         has_pool = true;
-      } else if (key == tk::quarantined) {
+        break;
+      case Key::quarantined:
         u64(key, out.pool.quarantined);
         has_pool = true;
-      } else if (key == tk::free_blocks) {
+        break;
+      case Key::free_blocks:
         u64(key, u);
         if (u > UINT32_MAX) bad(key, "a block count (32 bits)");
         out.pool.free_blocks = static_cast<std::uint32_t>(u);
         has_pool = true;
-      } else if (key == tk::type) {
+        break;
+      case Key::type: {
         std::string_view text;
         if (!s.string(text, scratch_) || text != trace::line::event) bad(key, "\"event\"");
-      } else if (!s.skip_value()) {  // a key from a newer minor version
-        fail(s.error);
+        break;
+      }
+      case Key::unknown:  // a key from a newer minor version
+        if (!s.skip_value()) fail(s.error);
+        break;
       }
       if (s.eat(',')) continue;
       if (s.eat('}')) break;

@@ -95,7 +95,7 @@ class TraceReader {
   void parse_other(const nlohmann::json& j, std::string_view type);
   void read_header();
   void add_device(DeviceInfo d);
-  [[noreturn]] void fail(const std::string& what) const;
+  [[noreturn, gnu::cold]] void fail(const std::string& what) const;
 
   std::istream& in_;
   std::string source_;

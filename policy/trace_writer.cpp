@@ -445,7 +445,7 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
     const auto oom = static_cast<std::size_t>(r.oom_class);
     if (kind >= trace::kEventKindNames.size() || path >= trace::kPathNames.size() ||
         oom >= trace::kOomClassNames.size()) {
-      ++dropped_;  // a corrupt record cannot be written: count it, never write a broken line
+      ring.dropped.fetch_add(1, std::memory_order_relaxed);  // corrupt: counted, never a broken line
       continue;
     }
     Out o{buf_.get() + buf_used_};
