@@ -86,6 +86,11 @@ void DeviceFold::apply(const Event& e) {
   switch (e.kind) {
     case EventKind::alloc:
       if (e.rc == 0 && e.ptr != 0) {
+        if (PtrMap::Value early; early_frees_.size() && early_frees_.take(e.ptr, early)) {
+          if (early.size >= e.t_ns) break;  // freed already (another thread's line came first)
+          bool ignored;
+          early_frees_.find_or_insert(e.ptr, ignored) = early;  // an older address: keep it
+        }
         bool inserted;
         PtrMap::Value& v = live_.find_or_insert(e.ptr, inserted);
         if (!inserted) {  // a free was lost (writer drop): forget the old one
@@ -103,7 +108,8 @@ void DeviceFold::apply(const Event& e) {
           requested_ -= v.size;
           if (!v.pooled) outside_ -= v.size;
         } else {
-          ++unmatched_frees_;
+          bool ignored;
+          early_frees_.find_or_insert(e.ptr, ignored) = PtrMap::Value{e.t_ns, false};
         }
       }
       break;

@@ -69,16 +69,19 @@ class DeviceFold {
  public:
   void apply(const Event& e);
   const Memory& now() const { return now_; }
-  std::uint64_t unmatched_frees() const { return unmatched_frees_; }
+  // Frees of addresses never allocated in the trace (allocated before tracing began).
+  std::uint64_t unmatched_frees() const { return early_frees_.size(); }
 
  private:
   void update();
   PtrMap live_;
+  // Threads' events are interleaved in the file in the order the writer drained them, so a free
+  // may come before its allocation: kept here (value.size: the free's time) until it does.
+  PtrMap early_frees_;
   std::unordered_map<std::uint64_t, std::uint64_t> vmm_;  // cuMemCreate handle -> bytes
   trace::PoolState pool_{};
   std::uint64_t requested_ = 0;
   std::uint64_t outside_ = 0;  // held outside the pool
-  std::uint64_t unmatched_frees_ = 0;
   Memory now_;
 };
 

@@ -52,6 +52,7 @@ struct Replayer::Run : public EventSink {
     std::uint64_t cap = 0;                 // passthrough: the limit
     std::unordered_map<std::uint64_t, std::uint64_t> ptrs;  // recorded -> replayed (0: failed)
     std::unordered_map<std::uint64_t, std::uint64_t> sizes; // passthrough: replayed -> rounded size
+    std::unordered_map<std::uint64_t, std::uint64_t> early_frees;  // recorded ptr -> free's time
   };
   std::map<int, std::unique_ptr<SimUpstream>> devices;
   std::map<Key, PerProcess> procs;
@@ -200,10 +201,16 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
           ptr = proc.pool->allocate(e.size).ptr;
           run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : 2, proc.pool->state());
         }
-        if (e.rc == 0 && e.ptr) {
+        bool freed_already = false;
+        if (auto early = proc.early_frees.find(e.ptr); e.rc == 0 && early != proc.early_frees.end()) {
+          // Its free came first in the file (another thread's line): it is freed at once.
+          freed_already = early->second >= e.t_ns;
+          proc.early_frees.erase(early);
+        }
+        if (e.rc == 0 && e.ptr && !freed_already) {
           proc.ptrs[e.ptr] = ptr;
         } else if (ptr) {
-          // The recorded program got nothing and kept nothing: give it straight back.
+          // The recorded program got nothing and kept nothing (or freed it already): give it back.
           if (run.passthrough) {
             dev->release(ptr, proc.sizes[ptr]);
             proc.live_rounded -= proc.sizes[ptr];
@@ -220,7 +227,11 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
       }
       case EventKind::free: {
         auto it = proc.ptrs.find(e.ptr);
-        if (it == proc.ptrs.end()) break;  // allocated before the trace began, or elsewhere
+        if (it == proc.ptrs.end()) {
+          // Allocated before the trace began, or its allocation is yet to come in the file.
+          if (e.ptr) proc.early_frees[e.ptr] = e.t_ns;
+          break;
+        }
         const std::uint64_t ptr = it->second;
         proc.ptrs.erase(it);
         if (!ptr) break;  // its allocation failed in this replay

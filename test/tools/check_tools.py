@@ -177,6 +177,16 @@ def cmd_replay(opts):
         p = cupool("replay", "--json", "replay.jsonl", "--policy", "passthrough", "--limit", "4MiB", check_rc=1)
         ff = json.loads(p.stdout)["policies"][0]["first_failure"]
         check(ff and ff["class"] == "limit" and ff["size"] == 2 * MiB, f"passthrough limit failure: {ff}")
+        # A free that comes before its allocation in the file (threads drained out of order).
+        gen(opts, "interleaved", os.path.join(d, "interleaved.jsonl"))
+        r = json.loads(cupool("report", "--json", "interleaved.jsonl", check_rc=0).stdout)
+        dev = r["traces"][0]["devices"][0]
+        check(dev["unmatched_frees"] == 0 and dev["peak_requested"] == 2 * MiB,
+              f"interleaved report: {dev['unmatched_frees']} unmatched frees, peak requested {dev['peak_requested']}")
+        r = json.loads(cupool("replay", "--json", "interleaved.jsonl", "--policy", "passthrough", check_rc=0).stdout)
+        pd = r["policies"][0]["devices"][0]
+        check(pd["chunks_returned"] == 1 and pd["peak_reserved"] == 2 * MiB,
+              f"interleaved replay: returned {pd['chunks_returned']}, peak reserved {pd['peak_reserved']}")
         # Bad options are usage errors.
         p = cupool("replay", "replay.jsonl", "--policy", "bogus", check_rc=2)
         check("CUPOOL_POLICY" in p.stderr, "bad policy message names CUPOOL_POLICY: " + p.stderr)

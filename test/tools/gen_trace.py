@@ -10,6 +10,7 @@ Scenarios:
   passthrough  the same program with no pool (no pool fields): in use = reserved = live bytes
   rank         a small growth run on device 0 (use --pid/--seed for several ranks of one job)
   replay       the hand-computable sequence of the replay test: 1 MiB, 3 MiB, free the first, 2 MiB
+  interleaved  a free written before its allocation (two threads' buffers drained out of order)
   killed       like rank, without a footer (the process was killed)
   big          --events N allocation/free events of a growth pool, for the speed test
 The pool model here only has to be self-consistent; the real pool is policy/device_pool.cpp.
@@ -216,6 +217,19 @@ def main():
                 w.event("alloc", api="cudaMalloc", path="symbol", size=size, ptr=ptr, dur=1000, stream=0)
             else:
                 w.event("free", api="cudaFree", path="symbol", ptr=ptr, dur=1000)
+        w.footer()
+    elif a.scenario == "interleaved":
+        # Two threads: thread 2's buffer was drained first, so the free of a block comes before
+        # its allocation by thread 1 in the file (t still orders them).
+        w = Writer(out, a.pid, ["./interleaved"], config("passthrough"))
+        w.device(0, dev_name, dev_total)
+        base = 0x7F0000000000
+        w.t = 2_000_000_000
+        w.event("free", api="cudaFree", path="symbol", ptr=base, dur=1000, tid=2)
+        w.t = 1_000_000_000
+        w.event("alloc", api="cudaMalloc", path="symbol", size=MiB, ptr=base, dur=1000, tid=1)
+        w.t = 3_000_000_000
+        w.event("alloc", api="cudaMalloc", path="symbol", size=2 * MiB, ptr=base + MiB, dur=1000, tid=1)
         w.footer()
     elif a.scenario == "big":
         # A block of events that ends with everything freed, repeated with later times: fast to
