@@ -91,8 +91,27 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
   return r;
 }
 
-// The miss path, in order: retired fences; (first use) preallocation; growth; waiting for the
-// oldest fences; giving back wholly free chunks and growing once more; then out of memory.
+// Waits for quarantined blocks, oldest fence first, trying the allocation after each fence.
+std::uint64_t DevicePool::wait_for_quarantine(Lock& lk, std::uint64_t bytes) {
+  for (;;) {
+    if (std::uint64_t p = sub_.allocate(bytes)) return p;
+    seal_pending();
+    std::size_t i = batch_head_;
+    while (i < batches_.size() && batches_[i].taken) ++i;  // another thread waits on those
+    if (i == batches_.size()) return 0;
+    batches_[i].taken = true;  // nobody else polls or waits on a fence the upstream will forget
+    const FenceId fence = batches_[i].fence;
+    const std::uint64_t seq = batches_[i].seq;
+    lk.unlock();
+    up_.wait_fence(fence);
+    lk.lock();
+    while (batch_head_ < batches_.size() && batches_[batch_head_].seq <= seq) retire_front();
+    retire_ready();
+  }
+}
+
+// The miss path, in order: retired fences; (first use) preallocation; waiting for the oldest
+// fences when the quarantine holds enough; growth; waiting for the remaining fences; giving back wholly free chunks and growing once more; then out of memory.
 AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
   if (abandoned_) return {0, trace::OomClass::device, 0};
   if (size > kMaxRequest) {
@@ -113,27 +132,19 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
     if (std::uint64_t p = sub_.allocate(bytes)) return {p};  // another thread's preallocation
     if (g.fail != trace::OomClass::none) last = g;
   }
+  // Memory in quarantine is the program's own and free again once the device catches up.
+  // Waiting for it (oldest fence first) before growing keeps the pool from growing by however
+  // far the host runs ahead of the device (measured on the H200: a PyTorch step loop grew the
+  // pool tenfold when growth came first). The host waits only for old work; newer work stays
+  // queued, so the device does not go idle.
+  if (sub_.held() >= bytes)
+    if (std::uint64_t p = wait_for_quarantine(lk, bytes)) return {p};
   if (may_grow()) {
     Grow g = grow(lk, bytes);
     if (g.ptr) return {g.ptr};
     last = g;
   }
-  // Wait for quarantined blocks, oldest fence first, trying again after each.
-  for (;;) {
-    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
-    seal_pending();
-    std::size_t i = batch_head_;
-    while (i < batches_.size() && batches_[i].taken) ++i;  // another thread waits on those
-    if (i == batches_.size()) break;
-    batches_[i].taken = true;  // nobody else polls or waits on a fence the upstream will forget
-    const FenceId fence = batches_[i].fence;
-    const std::uint64_t seq = batches_[i].seq;
-    lk.unlock();
-    up_.wait_fence(fence);
-    lk.lock();
-    while (batch_head_ < batches_.size() && batches_[batch_head_].seq <= seq) retire_front();
-    retire_ready();
-  }
+  if (std::uint64_t p = wait_for_quarantine(lk, bytes)) return {p};
   if (may_grow() && release_free_chunks(lk, false, kNever) > 0) {
     if (std::uint64_t p = sub_.allocate(bytes)) return {p};
     Grow g = grow(lk, bytes);

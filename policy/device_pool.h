@@ -5,14 +5,15 @@
 // here; docs/design.md ("The pool") explains the rules.
 #pragma once
 
-#include <condition_variable>
+#include <condition_variable>  // condition_variable_any
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <vector>
 
 #include "config.h"
-#include "event_sink.h"  // where the pool reports grow, release, fence_retired, oom
+#include "event_sink.h"
+#include "spin_lock.h"  // where the pool reports grow, release, fence_retired, oom
 #include "suballocator.h"
 #include "trace_schema.h"
 #include "upstream.h"
@@ -89,7 +90,7 @@ class DevicePool {
     trace::OomClass fail = trace::OomClass::none;
     int driver_code = 0;
   };
-  using Lock = std::unique_lock<std::mutex>;
+  using Lock = std::unique_lock<SpinLock>;
 
   std::uint64_t now() const { return clock_(clock_ctx_); }
   std::uint64_t charged() const { return sub_.reserved() + transit_ + external_; }
@@ -100,6 +101,7 @@ class DevicePool {
             trace::OomClass oom = trace::OomClass::none, int code = 0);
 
   AllocResult allocate_slow(Lock& lk, std::size_t size);
+  std::uint64_t wait_for_quarantine(Lock& lk, std::uint64_t bytes);
   Grow grow(Lock& lk, std::size_t bytes);
   Grow preallocate(Lock& lk, std::size_t bytes);
   Grow add_reserved(std::uint64_t base, std::size_t size, std::size_t bytes, bool is_prealloc);
@@ -118,7 +120,7 @@ class DevicePool {
   Clock clock_;
   void* clock_ctx_ = nullptr;
 
-  mutable std::mutex mu_;
+  mutable SpinLock mu_;
   Suballocator sub_;
   std::vector<Reservation> reservations_;
   std::uint64_t device_total_ = 0;
@@ -133,7 +135,7 @@ class DevicePool {
   bool prealloc_done_ = false;
   bool prealloc_busy_ = false;
   std::uint32_t prealloc_chunk_ = Suballocator::kNoChunk;
-  std::condition_variable prealloc_cv_;
+  std::condition_variable_any prealloc_cv_;
 
   // idle release
   std::vector<std::uint64_t> idle_since_;  // by chunk id: when it last became wholly free

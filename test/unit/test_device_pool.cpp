@@ -460,7 +460,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
     CHECK(up.counters().synchronizes == 0);
     CHECK(up.counters().fences_placed == 0);
   }
-  SECTION("fences pending: a miss grows rather than block; completion makes the blocks reusable") {
+  SECTION("fences pending: a miss the quarantine can serve waits for it rather than grow") {
     up.set_pending_work(true);
     DevicePool pool(cfg, 0, up, &sink);
     std::uint64_t a = pool.allocate(32 * MiB).ptr;
@@ -470,20 +470,31 @@ TEST_CASE("pool: deferred free", "[pool]") {
     CHECK(pool.state().in_use == 0);
     CHECK(pool.deallocate(a) == FreeResult::double_free);  // quarantined: still a double free
     CHECK(pool.block_size(a) == 0);
-    std::uint64_t b = pool.allocate(32 * MiB).ptr;  // fence not retired: a new chunk
-    REQUIRE(b != 0);
-    CHECK(b != a);
+    std::uint64_t b = pool.allocate(32 * MiB).ptr;  // the quarantine holds enough: wait, reuse
+    CHECK(b == a);
     CHECK(up.counters().fences_placed == 1);
-    CHECK(up.counters().fence_waits == 0);
-    CHECK(pool.state().reserved == 64 * MiB);
-    up.complete_all();
-    std::uint64_t c = pool.allocate(32 * MiB).ptr;  // retired: reused, no growth
-    CHECK(c == a);
+    CHECK(up.counters().fence_waits == 1);
     CHECK(pool.state().quarantined == 0);
-    CHECK(pool.state().reserved == 64 * MiB);
+    CHECK(pool.state().reserved == 32 * MiB);
     auto retired = sink.of(EventKind::fence_retired);
     REQUIRE(retired.size() == 1);
     CHECK(retired[0].size == 32 * MiB);
+  }
+  SECTION("fences pending: a miss the quarantine cannot serve grows without waiting") {
+    up.set_pending_work(true);
+    DevicePool pool(cfg, 0, up, &sink);
+    std::uint64_t a = pool.allocate(16 * MiB).ptr;
+    std::uint64_t keep = pool.allocate(16 * MiB).ptr;
+    REQUIRE((a && keep));
+    CHECK(pool.deallocate(a) == FreeResult::freed);
+    std::uint64_t b = pool.allocate(32 * MiB).ptr;  // 16 MiB quarantined is not enough: grow
+    REQUIRE(b != 0);
+    CHECK(up.counters().fence_waits == 0);
+    CHECK(pool.state().reserved >= 64 * MiB);  // a second chunk
+    up.complete_all();
+    std::uint64_t c = pool.allocate(16 * MiB).ptr;  // retired: reused, no growth
+    CHECK(c == a);
+    CHECK(pool.state().quarantined == 0);
   }
   SECTION("fences pending and no room to grow: wait for the oldest fence") {
     up.set_pending_work(true);
