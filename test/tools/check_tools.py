@@ -469,8 +469,7 @@ def cmd_perf(opts):
             cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
             check(p.returncode == 0, "report failed: " + p.stderr)
             best = min(best or cpu, cpu)
-            print(f"{opts.events} events: {cpu:.2f} s CPU ({opts.events / cpu / 1e6:.2f} M events/s), {wall:.2f} s wall, "
-                  f"max RSS {after.ru_maxrss // 1024} MiB")
+            print(f"{opts.events} events: {cpu:.2f} s CPU ({opts.events / cpu / 1e6:.2f} M events/s), {wall:.2f} s wall")
         rate = opts.events / best
         check(rate >= opts.min_rate, f"report read {rate / 1e6:.2f} M events/s of CPU, below {opts.min_rate / 1e6:.1f} M")
     finish()
