@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "analysis.h"
@@ -89,6 +90,29 @@ std::string find_library(std::string& tried) {
     }
   }
   return {};
+}
+
+// LD_PRELOAD with the library first, everything that was there kept, except that a sanitizer
+// runtime (which must be loaded first) stays in front.
+std::string preload_with(const std::string& library, const char* old) {
+  std::vector<std::string> front, back;
+  bool present = false;
+  for (std::string_view rest = old ? old : ""; !rest.empty();) {
+    const std::size_t end = std::min(rest.find_first_of(": "), rest.size());
+    const std::string entry(rest.substr(0, end));
+    rest.remove_prefix(std::min(end + 1, rest.size()));
+    if (entry.empty()) continue;
+    const std::string base = entry.substr(entry.rfind('/') == std::string::npos ? 0 : entry.rfind('/') + 1);
+    if (entry == library) present = true;
+    const bool sanitizer = base.rfind("libasan", 0) == 0 || base.rfind("libtsan", 0) == 0 ||
+                           base.rfind("libhwasan", 0) == 0 || base.rfind("libmsan", 0) == 0;
+    (sanitizer ? front : back).push_back(entry);
+  }
+  if (!present) front.push_back(library);
+  std::string out;
+  for (const auto* list : {&front, &back})
+    for (const auto& e : *list) out += (out.empty() ? "" : ":") + e;
+  return out;
 }
 
 pid_t g_child = 0;
@@ -172,12 +196,7 @@ int cmd_run(const std::vector<std::string>& raw) {
                    tried.c_str());
       return kExitInternal;
     }
-    std::string preload = library;
-    if (const char* old = std::getenv("LD_PRELOAD"); old && *old) {
-      if (std::string(old).find(library) == std::string::npos) preload += std::string(":") + old;
-      else preload = old;
-    }
-    set["LD_PRELOAD"] = preload;
+    set["LD_PRELOAD"] = preload_with(library, std::getenv("LD_PRELOAD"));
 
     if (args.flag("--takeover")) {
       const std::pair<const char*, const char*> takeover[] = {{"PYTORCH_NO_CUDA_MEMORY_CACHING", "1"},

@@ -372,6 +372,12 @@ def cmd_run(opts):
         env["CUPOOL_LIBRARY"] = opts.shim
         env.pop("LD_PRELOAD", None)
         env.pop("CUPOOL_TRACE", None)
+        asan = []
+        if opts.sanitized:
+            # The sanitizer runtime must come first in a preloaded process; cupool run keeps it there.
+            asan = [subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()]
+            env["LD_PRELOAD"] = asan[0]
+            env["ASAN_OPTIONS"] = "detect_leaks=0:" + env.get("ASAN_OPTIONS", "")
         env["TMPDIR"] = d
         trace = os.path.join(d, "run.jsonl")
 
@@ -399,9 +405,13 @@ def cmd_run(opts):
         check(p.returncode == 0 and m and os.path.exists(m.group(1)), "default trace path:\n" + p.stderr)
 
         # LD_PRELOAD: libcupool first, what was there kept.
-        env2 = dict(env, LD_PRELOAD="libm.so.6")
+        env2 = dict(env, LD_PRELOAD=":".join(["libm.so.6"] + asan))
         p = cupool("run", "--no-summary", "--", "sh", "-c", 'echo "$LD_PRELOAD"', env=env2, check_rc=0)
-        check(p.stdout.strip() == os.path.realpath(opts.shim) + ":libm.so.6", f"LD_PRELOAD is {p.stdout.strip()!r}")
+        want = ":".join(asan + [os.path.realpath(opts.shim), "libm.so.6"])
+        check(p.stdout.strip() == want, f"LD_PRELOAD is {p.stdout.strip()!r}, expected {want!r}")
+        p = cupool("run", "--no-summary", "--", "sh", "-c", 'echo "$LD_PRELOAD"',
+                   env=dict(env2, LD_PRELOAD=want), check_rc=0)
+        check(p.stdout.strip() == want, f"LD_PRELOAD already holding the library: {p.stdout.strip()!r}")
         p = cupool("run", "--no-summary", "--limit", "1GiB", "--free", "deferred", "--preallocate", "50%", "--",
                    "sh", "-c", 'echo "$CUPOOL_LIMIT $CUPOOL_FREE $CUPOOL_PREALLOCATE"', env=env, check_rc=0)
         check(p.stdout.strip() == "1GiB deferred 50%", f"CUPOOL_* variables: {p.stdout.strip()!r}")
@@ -489,6 +499,7 @@ def main():
     ap.add_argument("--program")
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--min-rate", type=float, default=2e6)
+    ap.add_argument("--sanitized", action="store_true", help="the build uses AddressSanitizer")
     opts = ap.parse_args()
     opts.cupool = os.path.abspath(opts.cupool)
     for name in ("shim", "sim_dir", "program", "keep"):
