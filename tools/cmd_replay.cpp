@@ -21,7 +21,8 @@ const char* const kReplayHelp =
     "\n"
     "  passthrough is plain cudaMalloc: every allocation reserved on its own, rounded up to 512 bytes.\n"
     "  Allocations that failed in the recording are tried again; if they succeed they are freed at\n"
-    "  once (the program kept nothing). Managed memory is not replayed.\n"
+    "  once (the program kept nothing). Memory the recorded pool did not serve (managed,\n"
+    "  stream-ordered) is held outside the replayed pools and counts against their cap.\n"
     "\n"
     "options:\n"
     "  --policy P[,P...]       growth, preallocate, passthrough (default: all three)\n"
@@ -214,7 +215,6 @@ int cmd_replay(const std::vector<std::string>& raw) {
     std::string out = "cupool replay: " + std::to_string(args.positional().size()) +
                       (args.positional().size() == 1 ? " trace, " : " traces, ") +
                       std::to_string(recorded.events()) + " events";
-    if (replayer.skipped()) out += " (" + std::to_string(replayer.skipped()) + " managed-memory allocations not replayed)";
     out += "\n\n";
     for (const auto& [dev, total] : recorded.totals()) {
       out += device_title(total.info, dev) + ", simulated with " + human_size(replayer.capacity(dev)) + "\n";

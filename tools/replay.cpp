@@ -16,8 +16,6 @@ namespace {
 
 std::uint64_t replay_clock(void* ctx) { return *static_cast<const std::uint64_t*>(ctx); }
 
-bool is_managed(const std::string& api) { return api.find("Managed") != std::string::npos; }
-
 std::uint64_t round_up(std::uint64_t v, std::uint64_t g) { return (v + g - 1) / g * g; }
 
 // The recorded process, as if it had run under the replayed policy.
@@ -53,6 +51,7 @@ struct Replayer::Run : public EventSink {
     std::unordered_map<std::uint64_t, std::uint64_t> ptrs;  // recorded -> replayed (0: failed)
     std::unordered_map<std::uint64_t, std::uint64_t> sizes; // passthrough: replayed -> rounded size
     std::unordered_map<std::uint64_t, std::uint64_t> early_frees;  // recorded ptr -> free's time
+    std::unordered_map<std::uint64_t, std::uint64_t> outside;      // recorded ptr -> bytes, outside the pool
   };
   std::map<int, std::unique_ptr<SimUpstream>> devices;
   std::map<Key, PerProcess> procs;
@@ -131,10 +130,14 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
                          e.kind == EventKind::vmm_release) &&
                         e.device >= 0;
   if (!replayed) return;
-  if (e.kind == EventKind::alloc && (is_managed(e.api) || e.size == 0)) {
+  if (e.kind == EventKind::alloc && e.size == 0) {
     ++skipped_;
     return;
   }
+  // Memory the recording's pool did not serve (managed, stream-ordered) is held outside the
+  // replayed pools too, and charged against their cap, as the shim does.
+  const bool recorded_outside = e.kind == EventKind::alloc && e.rc == 0 && !e.has_pool &&
+                                input.meta().policy != "passthrough" && !input.meta().policy.empty();
 
   if (!capacities_.count(e.device)) {
     std::uint64_t cap = options_.capacity.value_or(0);
@@ -170,6 +173,31 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
     switch (e.kind) {
       case EventKind::alloc: {
         std::uint64_t ptr = 0;
+        if (recorded_outside && !run.passthrough) {
+          if (!proc.pool->try_charge_external(e.size)) {
+            trace::Record r;
+            r.kind = EventKind::oom;
+            r.api = "";
+            r.size = e.size;
+            r.device = static_cast<std::int16_t>(e.device);
+            r.oom_class = trace::OomClass::limit;
+            r.has_pool = true;
+            r.pool = proc.pool->state();
+            run.record(r);
+            Event failed = e;
+            failed.t_ns = run.now;
+            failed.ptr = 0;
+            failed.rc = 2;
+            run.analysis.add(source, failed, run.line);
+            break;
+          }
+          proc.outside[e.ptr] = e.size;
+          Event held = e;  // no pool fields: the fold counts it outside the pool
+          held.t_ns = run.now;
+          held.dur_ns = 0;
+          run.analysis.add(source, held, run.line);
+          break;
+        }
         if (run.passthrough) {
           const std::uint64_t need = round_up(e.size, ReplayOptions::kPassthroughGranularity);
           trace::OomClass why = trace::OomClass::none;
@@ -226,6 +254,16 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
         break;
       }
       case EventKind::free: {
+        if (auto out = proc.outside.find(e.ptr); out != proc.outside.end()) {
+          proc.pool->uncharge_external(out->second);
+          proc.outside.erase(out);
+          Event f = e;
+          f.t_ns = run.now;
+          f.dur_ns = 0;
+          f.has_pool = false;
+          run.analysis.add(source, f, run.line);
+          break;
+        }
         auto it = proc.ptrs.find(e.ptr);
         if (it == proc.ptrs.end()) {
           // Allocated before the trace began, or its allocation is yet to come in the file.

@@ -41,7 +41,7 @@ class Replayer final : public EventVisitor {
   const Analysis& analysis(std::size_t run) const;
   const ReplayPolicy& policy(std::size_t run) const;
   std::uint64_t capacity(int device) const;   // what the simulated device had
-  std::uint64_t skipped() const { return skipped_; }  // events not replayed (managed memory)
+  std::uint64_t skipped() const { return skipped_; }  // allocations not replayed (size 0)
 
  private:
   ReplayOptions options_;

@@ -127,7 +127,7 @@ void source_section(std::string& out, const SourceStats& s, std::uint64_t origin
     lat.row({a.api, count(a.latency.count()), human_duration(a.latency.quantile(0.50)),
              human_duration(a.latency.quantile(0.99)), human_duration(a.latency.max())});
   }
-  if (lat.empty() == false) out += lat.render("  ") + "\n";
+  if (lat.rows() > 1) out += lat.render("  ") + "\n";
 
   Table calls;
   std::vector<std::string> head = {"calls by API and path"};
@@ -142,7 +142,7 @@ void source_section(std::string& out, const SourceStats& s, std::uint64_t origin
     r.push_back(a.kind == trace::EventKind::alloc ? human_size(a.bytes) : "");
     calls.row(r);
   }
-  out += calls.render("  ") + "\n";
+  if (calls.rows() > 1) out += calls.render("  ") + "\n";
 
   if (!s.largest.empty()) {
     out += "  largest allocations\n";

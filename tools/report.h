@@ -21,6 +21,7 @@ class Table {
   void row(std::vector<std::string> cells) { rows_.push_back(std::move(cells)); }
   std::string render(const std::string& indent) const;
   bool empty() const { return rows_.empty(); }
+  std::size_t rows() const { return rows_.size(); }
 
  private:
   std::string align_;

@@ -396,6 +396,13 @@ def cmd_run(opts):
         check(r["traces"][0]["complete"] is True, "trace has no footer")
         p = cupool("replay", "--no-progress", trace)
         check(p.returncode in (0, 1) and "peak reserved" in p.stdout, f"replay of the run's trace: {p.returncode} {p.stderr}")
+        # Replaying growth with the recorded settings gives back what the shim's pool did.
+        p = cupool("replay", "--json", "--no-progress", trace, "--policy", "growth", "--capacity",
+                   str(r["traces"][0]["devices"][0]["total_bytes"]))
+        rp = json.loads(p.stdout)
+        rec, grown = rp["recorded"]["devices"][0], rp["policies"][0]["devices"][0]
+        for key in ("peak_in_use", "peak_reserved", "chunks_taken", "chunk_bytes_taken"):
+            check(rec[key] == grown[key], f"growth replay of a growth run: {key} {grown[key]} != recorded {rec[key]}")
         cupool("export", "--perfetto", trace, "-o", os.path.join(d, "run.perfetto.json"), check_rc=0)
         json.load(open(os.path.join(d, "run.perfetto.json")))
 

@@ -206,7 +206,7 @@ def main():
         if a.scenario == "rank":
             w.footer()
     elif a.scenario == "replay":
-        w = Writer(out, a.pid, ["./replay_case"], config())
+        w = Writer(out, a.pid, ["./replay_case"], config("passthrough"))
         w.device(0, dev_name, dev_total)
         base = 0x7F0000000000
         seq = [("alloc", 1 * MiB, base), ("alloc", 3 * MiB, base + MiB), ("free", 0, base),
