@@ -11,7 +11,7 @@ namespace {
 
 namespace tk = trace::key;
 
-constexpr std::size_t kInitialBuffer = 1 << 20;
+constexpr std::size_t kInitialBuffer = 64 << 10;  // grows for longer lines
 constexpr std::size_t kMaxLine = 64 << 20;  // a header with a huge command line still fits
 constexpr int kMaxDepth = 64;                // nesting in skipped values
 
