@@ -4,6 +4,7 @@ test/gpu/run_all.sh after it has built the CUDA programs. Writes results.json an
 to OUT and prints a short table.
 
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
+Groups: compat, inflight, bench, steps, policies.
 """
 import json
 import os
@@ -183,6 +184,10 @@ if wanted("steps"):
     run("step-jax-platform-nocupool", [PY, JAX_MLP], {"MODE": "platform", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})
     run("step-jax-platform-growth-deferred", [PY, JAX_MLP], {"MODE": "platform+cupool",
         "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
+
+# ---- Issue 4: growth vs preallocate vs the frameworks' allocators (docs/policies.md) ----------
+if wanted("policies"):
+    subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, OUT])
 
 tag = "-".join(sorted(ONLY)) if ONLY else "all"
 with open(os.path.join(OUT, f"results-{tag}.json"), "w") as f:
