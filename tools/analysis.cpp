@@ -427,8 +427,10 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
   total.series.add(e.t_ns, sum);
 }
 
-void Analysis::finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer) {
+void Analysis::finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer,
+                      std::string truncated) {
   SourceStats& s = sources_[source];
+  s.truncated = std::move(truncated);
   s.device_infos = std::move(devices);
   s.dropped = dropped;
   s.has_footer = has_footer;
@@ -530,7 +532,7 @@ void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress
   }
   if (shown) std::fprintf(stderr, "\r%*s\r", 70, "");
   for (std::size_t i = 0; i < n; ++i)
-    out.finish(index[i], inputs[i]->devices(), inputs[i]->dropped(), inputs[i]->has_footer());
+    out.finish(index[i], inputs[i]->devices(), inputs[i]->dropped(), inputs[i]->has_footer(), inputs[i]->truncated());
 }
 
 }  // namespace cupool::tools

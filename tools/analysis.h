@@ -194,6 +194,7 @@ struct SourceStats {
   std::vector<DeviceInfo> device_infos;
   std::uint64_t events = 0, first_t = 0, last_t = 0, dropped = 0;
   bool has_footer = false;
+  std::string truncated;  // the reader's message when the last line was cut short, else ""
   std::vector<ApiStats> apis;  // in order of first appearance
   std::map<int, DeviceStats> devices;
   static constexpr std::size_t kMaxOomsKept = 1000;
@@ -222,7 +223,8 @@ class Analysis {
   // `line`: where the event is in its file (0: unknown), for out-of-memory listings.
   void add(std::size_t source, const Event& e, std::uint64_t line = 0);
   // Device lines, drops and footers, then the values that need the whole trace.
-  void finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer);
+  void finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer,
+              std::string truncated = "");
 
   std::uint64_t origin() const { return origin_; }
   std::uint64_t end() const;  // the last event of all traces

@@ -319,6 +319,7 @@ std::string report_html(const Analysis& a) {
     h += "<section class=\"trace\"><h3>#" + std::to_string(i + 1) + " " + esc(s.meta.path) + ": " + esc(s.meta.label()) + "</h3>\n";
     if (!s.has_footer) h += "<div class=\"warn\">no footer: the process did not exit normally; the trace ends early</div>\n";
     if (s.dropped) h += "<div class=\"warn\">the writer dropped " + std::to_string(s.dropped) + " events</div>\n";
+    if (!s.truncated.empty()) h += "<div class=\"warn\">" + esc(s.truncated) + ": ignored</div>\n";
     for (const auto& [dev, d] : s.devices) {
       std::vector<Marker> markers;
       for (const auto& o : s.ooms)

@@ -114,6 +114,7 @@ void source_section(std::string& out, const SourceStats& s, std::uint64_t origin
   out += line + "\n";
   if (s.dropped) out += "  WRITER DROPS: " + count(s.dropped) + " events were dropped by the trace writer\n";
   if (!s.has_footer) out += "  no footer: the process did not exit normally (killed?); the trace ends early\n";
+  if (!s.truncated.empty()) out += "  " + s.truncated + ": ignored\n";
   out += "\n";
   for (const auto& [dev, d] : s.devices) {
     device_lines(out, d, origin);
@@ -263,7 +264,8 @@ nlohmann::json report_json(const Analysis& a) {
     for (const OomInfo& o : s.ooms) ooms.push_back(oom_json(o, origin));
     traces.push_back({{"path", s.meta.path}, {"pid", s.meta.pid}, {"cmdline", s.meta.cmdline}, {"policy", s.meta.policy},
                       {"free", s.meta.free_mode}, {"events", s.events}, {"duration_ns", s.last_t - s.first_t},
-                      {"dropped", s.dropped}, {"complete", s.has_footer}, {"devices", devices}, {"apis", apis},
+                      {"dropped", s.dropped}, {"complete", s.has_footer}, {"truncated", s.truncated},
+                      {"devices", devices}, {"apis", apis},
                       {"largest", largest}, {"oom_count", s.oom_count}, {"ooms", ooms}});
   }
   nlohmann::json totals = nlohmann::json::array();

@@ -35,7 +35,10 @@ class TraceInput {
   TraceInput(const TraceInput&) = delete;
   TraceInput& operator=(const TraceInput&) = delete;
 
-  bool next(Event& e) { return reader_->next(e); }
+  // False at the end. A last line cut short (the process was killed while writing it) ends the
+  // trace with a warning (truncated()); any other broken line throws TraceError.
+  bool next(Event& e);
+  const std::string& truncated() const { return truncated_; }
   const TraceMeta& meta() const { return meta_; }
   std::vector<DeviceInfo> devices() const;  // device lines seen so far
   std::uint64_t dropped() const;            // events the writer dropped (drop lines)
@@ -50,6 +53,7 @@ class TraceInput {
   TraceMeta meta_;
   std::uint64_t size_ = 0;
   bool is_stdin_ = false;
+  std::string truncated_;
 };
 
 }  // namespace cupool::tools

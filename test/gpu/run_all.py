@@ -35,14 +35,17 @@ def trace_summary(path):
     for f in files:
         s["files"] += 1
         sizes = {}
+        events = []
         for line in open(f, encoding="utf-8"):
             r = json.loads(line)
             t = r.get("type")
             if t == "footer":
                 s["footer"] = True
                 s["dropped"] = (s["dropped"] or 0) + r.get("dropped", 0)
-            if t != "event":
-                continue
+            if t == "event":
+                events.append(r)
+        events.sort(key=lambda e: e["t"])  # threads' buffers are written in turn: sort by time
+        for r in events:
             s["events"] += 1
             key = f'{r["ev"]}:{r["api"]}:{r["path"]}' + ("" if r.get("rc", 0) == 0 else f':rc{r["rc"]}')
             s["by_api"][key] = s["by_api"].get(key, 0) + 1
