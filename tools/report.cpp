@@ -264,7 +264,7 @@ nlohmann::json report_json(const Analysis& a) {
     for (const OomInfo& o : s.ooms) ooms.push_back(oom_json(o, origin));
     traces.push_back({{"path", s.meta.path}, {"pid", s.meta.pid}, {"cmdline", s.meta.cmdline}, {"policy", s.meta.policy},
                       {"free", s.meta.free_mode}, {"events", s.events}, {"duration_ns", s.last_t - s.first_t},
-                      {"dropped", s.dropped}, {"complete", s.has_footer}, {"truncated", s.truncated},
+                      {"dropped", s.dropped}, {"complete", s.has_footer}, {"truncated", s.truncated.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.truncated)},
                       {"devices", devices}, {"apis", apis},
                       {"largest", largest}, {"oom_count", s.oom_count}, {"ooms", ooms}});
   }
