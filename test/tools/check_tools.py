@@ -260,7 +260,7 @@ def cmd_fuzz(opts):
                 else:
                     data[pos:pos] = b"\n"
             p = run_on(bytes(data), name=f"fuzz.jsonl")
-            ok = p.returncode in (0, 3)
+            ok = p.returncode in (0, 3) and "runtime error:" not in p.stderr and "Sanitizer" not in p.stderr
             if p.returncode == 3:
                 ok = re.match(r"cupool report: fuzz\.jsonl(:\d+)?: \S", p.stderr) is not None
             if not check(ok, f"fuzz case {i}: exit {p.returncode}, stderr {p.stderr[:300]!r}"):
