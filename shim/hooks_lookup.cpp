@@ -33,13 +33,10 @@ void* lookup_next(const void* caller, const char* name) {
   link_map* map = nullptr;
   if (dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 || map == nullptr)
     return dl(RTLD_NEXT, name);
-  for (link_map* m = map->l_next; m != nullptr; m = m->l_next) {
-    void* h = dlopen(m->l_name[0] ? m->l_name : nullptr, RTLD_LAZY | RTLD_NOLOAD);
-    if (h == nullptr) continue;
-    void* fn = dl(h, name);
-    dlclose(h);
-    if (fn) return fn;
-  }
+  // In glibc a link_map is the object's handle: no dlopen needed (which the sanitizers
+  // intercept, and which may not be usable yet when they call dlsym during their own start).
+  for (link_map* m = map->l_next; m != nullptr; m = m->l_next)
+    if (void* fn = dl(m, name)) return fn;
   return nullptr;
 }
 
