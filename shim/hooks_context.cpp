@@ -2,10 +2,12 @@
 // must fence every non-blocking stream), context lifetime (a pool dies with its context), and
 // pointer queries (a block carved from a chunk must look like an allocation of its own).
 #include <cstring>
+#include <string>
 
 #include "device_pool.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
+#include "log.h"
 #include "shim_state.h"
 
 namespace cupool::shim::impl {
@@ -167,6 +169,48 @@ CUresult cuPointerGetAttributes(Path, unsigned int count, CUpointer_attribute* a
   if (rc == CUDA_SUCCESS && scope.outermost() && attributes && data)
     for (unsigned i = 0; i < count; ++i) patch_range(attributes[i], data[i], ptr);
   return rc;
+}
+
+// ---- IPC ---------------------------------------------------------------------------------
+// The driver shares whole allocations: a handle to a block carved from a chunk would open, in
+// the other process, as the chunk's start. A block that starts its chunk opens correctly (the
+// receiver maps a little more than the block); any other is refused with a clear message rather
+// than let the other process read the wrong memory.
+namespace {
+bool ipc_refused(std::uint64_t ptr, const char* api) {
+  ContextPool* cp = pool_owning(ptr);
+  std::uint64_t block_base = 0;
+  std::size_t block_bytes = 0;
+  if (cp == nullptr || !cp->pool->block_range(ptr, &block_base, &block_bytes)) return false;
+  CUdeviceptr chunk_base = 0;
+  size_t chunk_bytes = 0;
+  auto range = CUPOOL_REAL(cuMemGetAddressRange_v2);
+  if (range && range(&chunk_base, &chunk_bytes, block_base) == CUDA_SUCCESS && chunk_base == block_base) return false;
+  log_error(std::string(api) + " of a block inside a pool chunk is not supported: the driver would share the whole "
+            "chunk, and the other process would see the wrong memory. Run processes that share memory over "
+            "CUDA IPC with CUPOOL_POLICY=passthrough.");
+  return true;
+}
+}  // namespace
+
+cudaError_t cudaIpcGetMemHandle(Path, cudaIpcMemHandle_t* handle, void* devPtr) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cudaIpcGetMemHandle);
+  if (scope.outermost()) {
+    initialize();
+    if (ipc_refused(reinterpret_cast<std::uintptr_t>(devPtr), "cudaIpcGetMemHandle")) return cudaErrorNotSupported;
+  }
+  return real ? real(handle, devPtr) : cudaErrorInitializationError;
+}
+
+CUresult cuIpcGetMemHandle(Path, CUipcMemHandle* handle, CUdeviceptr dptr) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuIpcGetMemHandle);
+  if (scope.outermost()) {
+    initialize();
+    if (ipc_refused(dptr, "cuIpcGetMemHandle")) return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  return real ? real(handle, dptr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 }  // namespace cupool::shim::impl

@@ -36,6 +36,7 @@ CUPOOL_EXPORT(cudaError_t, cudaStreamCreate, (cudaStream_t* s), s)
 CUPOOL_EXPORT(cudaError_t, cudaStreamCreateWithFlags, (cudaStream_t* s, unsigned f), s, f)
 CUPOOL_EXPORT(cudaError_t, cudaStreamCreateWithPriority, (cudaStream_t* s, unsigned f, int p), s, f, p)
 CUPOOL_EXPORT(cudaError_t, cudaStreamDestroy, (cudaStream_t s), s)
+CUPOOL_EXPORT(cudaError_t, cudaIpcGetMemHandle, (cudaIpcMemHandle_t* h, void* p), h, p)
 // Driver.
 CUPOOL_EXPORT(CUresult, cuMemAlloc_v2, (CUdeviceptr* p, size_t n), p, n)
 CUPOOL_EXPORT(CUresult, cuMemFree_v2, (CUdeviceptr p), p)
@@ -65,6 +66,7 @@ CUPOOL_EXPORT(CUresult, cuMemGetAddressRange_v2, (CUdeviceptr* b, size_t* n, CUd
 CUPOOL_EXPORT(CUresult, cuPointerGetAttribute, (void* d, CUpointer_attribute a, CUdeviceptr p), d, a, p)
 CUPOOL_EXPORT(CUresult, cuPointerGetAttributes,
               (unsigned n, CUpointer_attribute* a, void** d, CUdeviceptr p), n, a, d, p)
+CUPOOL_EXPORT(CUresult, cuIpcGetMemHandle, (CUipcMemHandle* h, CUdeviceptr p), h, p)
 CUPOOL_EXPORT(CUresult, cuStreamCreate, (CUstream* s, unsigned f), s, f)
 CUPOOL_EXPORT(CUresult, cuStreamCreateWithPriority, (CUstream* s, unsigned f, int p), s, f, p)
 CUPOOL_EXPORT(CUresult, cuStreamDestroy_v2, (CUstream s), s)

@@ -21,6 +21,7 @@ EXPECTED_PATHS = {
     "prog_inflight": {"symbol"},
     "prog_threads": {"symbol"},
     "prog_fork": {"symbol"},
+    "prog_ipc": {"symbol"},
 }
 
 
