@@ -55,6 +55,17 @@ case "${1:-}" in
     status=0
     meson test -C build-test --print-errorlogs --num-processes 2 || status=1
     meson test -C build-asan --print-errorlogs --num-processes 2 --no-suite slow || status=1
+    # One closing line for both builds, counted from meson's own logs.
+    python3 - build-test/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
+import json, sys
+counts = {"OK": 0, "FAIL": 0, "SKIP": 0}
+for path in sys.argv[1:]:
+    for line in open(path):
+        r = json.loads(line).get("result")
+        key = "OK" if r in ("OK", "EXPECTEDFAIL") else "SKIP" if r == "SKIP" else "FAIL"
+        counts[key] += 1
+print(f"{counts['OK']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
+PY
     exit $status
     ;;
   *)
