@@ -53,8 +53,9 @@ case "${1:-}" in
     build build-test
     build build-asan -Db_sanitize=address,undefined -Db_lundef=false
     status=0
-    meson test -C build-test --print-errorlogs --num-processes 2 || status=1
-    meson test -C build-asan --print-errorlogs --num-processes 2 --no-suite slow || status=1
+    # Suite perf holds benchmarks (timings), run on their own: meson test -C build --suite perf
+    meson test -C build-test --print-errorlogs --num-processes 2 --no-suite perf || status=1
+    meson test -C build-asan --print-errorlogs --num-processes 2 --no-suite slow --no-suite perf || status=1
     # One closing line for both builds, counted from meson's own logs.
     python3 - build-test/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
 import json, sys
