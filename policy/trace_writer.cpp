@@ -412,7 +412,13 @@ void TraceWriter::pass_locked() {
     snapshot_.assign(rings_.begin(), rings_.end());
   }
   bool any_dead = false;
+  // Each thread's buffer is in its own order; lines of one pass are written in time order, so a
+  // reader sees events of different threads interleaved as they happened (up to one pass).
+  batch_.clear();
   for (Ring* ring : snapshot_) any_dead |= drain_ring_locked(*ring);
+  std::stable_sort(batch_.begin(), batch_.end(),
+                   [](const trace::Record& a, const trace::Record& b) { return a.t_ns < b.t_ns; });
+  for (const trace::Record& r : batch_) format_event_locked(r);
   write_buffer_locked();
   if (!any_dead) return;
   std::lock_guard lock(rings_mu_);
@@ -434,11 +440,7 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
   const std::uint64_t head = ring.head.load(std::memory_order_acquire);
   std::uint64_t tail = ring.tail.load(std::memory_order_relaxed);
   while (tail != head) {
-    if (buf_used_ + kMaxLine > kBufferSize) {
-      ring.tail.store(tail, std::memory_order_release);  // room for the thread while we write
-      write_buffer_locked();
-    }
-    const trace::Record& r = ring.slots[tail & ring.mask];
+    trace::Record r = ring.slots[tail & ring.mask];
     ++tail;
     const auto kind = static_cast<std::size_t>(r.kind);
     const auto path = static_cast<std::size_t>(r.path);
@@ -448,57 +450,8 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
       ring.dropped.fetch_add(1, std::memory_order_relaxed);  // corrupt: counted, never a broken line
       continue;
     }
-    Out o{buf_.get() + buf_used_};
-    o.raw(R"({"type":"event")");
-    o.key(tk::t);
-    o.u64(r.t_ns);
-    o.key(tk::tid);
-    o.u64(r.tid != 0 ? r.tid : ring.tid);
-    o.key(tk::ev);
-    o.name(trace::kEventKindNames[kind]);
-    o.key(tk::api);
-    o.text(r.api);
-    o.key(tk::path);
-    o.name(trace::kPathNames[path]);
-    o.key(tk::dev);
-    o.i64(r.device);
-    o.key(tk::size);
-    o.u64(r.size);
-    o.key(tk::ptr);
-    o.hex(r.ptr);
-    if (r.has_stream) {
-      o.key(tk::stream);
-      o.hex(r.stream);
-    }
-    o.key(tk::rc);
-    o.i64(r.rc);
-    o.key(tk::dur);
-    o.u64(r.dur_ns);
-    if (r.oom_class != trace::OomClass::none) {
-      o.key(tk::oom_class);
-      o.name(trace::kOomClassNames[oom]);
-    }
-    if (r.has_pool) {
-      o.key(tk::reserved);
-      o.u64(r.pool.reserved);
-      o.key(tk::in_use);
-      o.u64(r.pool.in_use);
-      o.key(tk::largest_free);
-      o.u64(r.pool.largest_free);
-      o.key(tk::quarantined);
-      o.u64(r.pool.quarantined);
-      o.key(tk::free_blocks);
-      o.u64(r.pool.free_blocks);
-    }
-    o.raw("}\n");
-    buf_used_ = static_cast<std::size_t>(o.p - buf_.get());
-    ++events_;
-    if (r.kind == trace::EventKind::alloc) {
-      if (r.rc == 0) ++allocs_;
-      else ++ooms_;
-    } else if (r.kind == trace::EventKind::free && r.rc == 0) {
-      ++frees_;
-    }
+    if (r.tid == 0) r.tid = ring.tid;
+    batch_.push_back(r);
   }
   ring.tail.store(tail, std::memory_order_release);
 
@@ -514,6 +467,65 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
   }
   return dead;
 }
+
+// Writes one event line. Called for a pass's events in time order.
+void TraceWriter::format_event_locked(const trace::Record& r) {
+  if (buf_used_ + kMaxLine > kBufferSize) write_buffer_locked();
+  const auto kind = static_cast<std::size_t>(r.kind);
+  const auto path = static_cast<std::size_t>(r.path);
+  const auto oom = static_cast<std::size_t>(r.oom_class);
+  Out o{buf_.get() + buf_used_};
+  o.raw(R"({"type":"event")");
+  o.key(tk::t);
+  o.u64(r.t_ns);
+  o.key(tk::tid);
+  o.u64(r.tid);
+  o.key(tk::ev);
+  o.name(trace::kEventKindNames[kind]);
+  o.key(tk::api);
+  o.text(r.api);
+  o.key(tk::path);
+  o.name(trace::kPathNames[path]);
+  o.key(tk::dev);
+  o.i64(r.device);
+  o.key(tk::size);
+  o.u64(r.size);
+  o.key(tk::ptr);
+  o.hex(r.ptr);
+  if (r.has_stream) {
+    o.key(tk::stream);
+    o.hex(r.stream);
+  }
+  o.key(tk::rc);
+  o.i64(r.rc);
+  o.key(tk::dur);
+  o.u64(r.dur_ns);
+  if (r.oom_class != trace::OomClass::none) {
+    o.key(tk::oom_class);
+    o.name(trace::kOomClassNames[oom]);
+  }
+  if (r.has_pool) {
+    o.key(tk::reserved);
+    o.u64(r.pool.reserved);
+    o.key(tk::in_use);
+    o.u64(r.pool.in_use);
+    o.key(tk::largest_free);
+    o.u64(r.pool.largest_free);
+    o.key(tk::quarantined);
+    o.u64(r.pool.quarantined);
+    o.key(tk::free_blocks);
+    o.u64(r.pool.free_blocks);
+  }
+  o.raw("}\n");
+  buf_used_ = static_cast<std::size_t>(o.p - buf_.get());
+  ++events_;
+  if (r.kind == trace::EventKind::alloc) {
+    if (r.rc == 0) ++allocs_;
+    else ++ooms_;
+  } else if (r.kind == trace::EventKind::free && r.rc == 0) {
+    ++frees_;
+  }
+  }
 
 void TraceWriter::write_buffer_locked() {
   if (buf_used_ == 0) return;

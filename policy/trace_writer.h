@@ -76,6 +76,7 @@ class TraceWriter final : public EventSink {
   bool open_file_locked(std::string* error);  // out_mu_ held
   void pass_locked();                         // out_mu_ held: drain all rings, write
   bool drain_ring_locked(Ring& ring);         // true when the ring is dead and empty
+  void format_event_locked(const trace::Record& r);
   void write_buffer_locked();
   void write_all_locked(const char* data, std::size_t size);
   void wake_writer();
@@ -103,6 +104,7 @@ class TraceWriter final : public EventSink {
   int fd_ = -1;
   bool io_failed_ = false;
   std::vector<Ring*> snapshot_;
+  std::vector<trace::Record> batch_;  // one pass's events, sorted by time before they are written
   std::unique_ptr<char[]> buf_;
   std::size_t buf_used_ = 0;
   struct Device {

@@ -248,6 +248,7 @@ TEST_CASE("every field of every kind of event round-trips", "[trace]") {
   trace::Record odd = make_record(2, 3);
   odd.api = "a \"quoted\"\\ api\n\x01\xff";
   odd.tid = 0;  // the writer fills in the thread's own id
+  odd.t_ns = 2'000'000;  // a thread records its events in time order, and the writer writes in time order
   w->record(odd);
   w->close();
   const auto events = read_all(w->path());
