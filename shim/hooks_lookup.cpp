@@ -6,6 +6,8 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <cstring>
+
 #include "cuda_api.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
@@ -26,17 +28,23 @@ void redirect(const char* symbol, int version, unsigned long long flags, void** 
 }
 
 // dlsym(RTLD_NEXT, ...) means "after the caller", but the real dlsym would take cupool as the
-// caller. Search the objects after the caller's, in load order, as the loader would.
+// caller. cupool is preloaded, so "after cupool" is right for every caller but one that defines
+// the name itself (an interposer looking for the next definition): for it, continue after the
+// caller's object. (The common case stays a plain lookup: the sanitizer runtimes call dlsym
+// while they start, before most of the loader's lookup structures can be used as handles.)
 void* lookup_next(const void* caller, const char* name) {
   DlsymFn dl = real_dlsym();
+  void* fn = dl(RTLD_NEXT, name);
+  if (fn == nullptr) return nullptr;
   Dl_info info;
-  link_map* map = nullptr;
-  if (dladdr1(caller, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0 || map == nullptr)
-    return dl(RTLD_NEXT, name);
-  // In glibc a link_map is the object's handle: no dlopen needed (which the sanitizers
-  // intercept, and which may not be usable yet when they call dlsym during their own start).
-  for (link_map* m = map->l_next; m != nullptr; m = m->l_next)
-    if (void* fn = dl(m, name)) return fn;
+  link_map* caller_map = nullptr;
+  link_map* found_map = nullptr;
+  if (dladdr1(caller, &info, reinterpret_cast<void**>(&caller_map), RTLD_DL_LINKMAP) == 0 ||
+      dladdr1(fn, &info, reinterpret_cast<void**>(&found_map), RTLD_DL_LINKMAP) == 0 || caller_map != found_map)
+    return fn;
+  // In glibc a link_map is the object's handle.
+  for (link_map* m = caller_map->l_next; m != nullptr; m = m->l_next)
+    if (void* next = dl(m, name)) return next;
   return nullptr;
 }
 
