@@ -1,11 +1,11 @@
 #include "device_pool.h"
 
-#include <sys/syscall.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <utility>
+
+#include "thread_id.h"
 
 namespace cupool {
 
@@ -18,11 +18,6 @@ std::uint64_t monotonic_ns(void*) {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-std::uint32_t thread_id() {
-  static thread_local std::uint32_t tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
-  return tid;
 }
 
 constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
@@ -512,7 +507,7 @@ void DevicePool::emit(trace::EventKind kind, std::uint64_t size, std::uint64_t p
   r.api = "pool";
   r.pool = state_locked();
   r.rc = code;
-  r.tid = thread_id();
+  r.tid = current_thread_id();
   r.device = static_cast<std::int16_t>(device_);
   r.kind = kind;
   r.oom_class = oom;

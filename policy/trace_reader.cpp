@@ -46,7 +46,7 @@ constexpr auto kStringStop = [] {
 
 enum class Key : std::uint8_t {
   unknown, type, t, tid, ev, api, path, dev, size, ptr, stream, rc, dur, oom, reserved, in_use, largest_free,
-  quarantined, free_blocks
+  quarantined, free_blocks, flags
 };
 
 // The key names, checked against the schema so the two cannot drift apart.
@@ -54,7 +54,7 @@ static_assert(tk::t == "t" && tk::ev == "ev" && tk::rc == "rc" && tk::tid == "ti
               tk::ptr == "ptr" && tk::oom_class == "oom" && tk::dev == "dev" && tk::dur == "dur" &&
               tk::type == "type" && tk::path == "path" && tk::size == "size" && tk::stream == "stream" &&
               tk::in_use == "in_use" && tk::reserved == "reserved" && tk::free_blocks == "free_blocks" &&
-              tk::quarantined == "quarantined" && tk::largest_free == "largest_free");
+              tk::quarantined == "quarantined" && tk::largest_free == "largest_free" && tk::flags == "flags");
 
 // One fixed-size comparison per key instead of a chain of them. k.size() is N - 1 here.
 template <std::size_t N>
@@ -82,6 +82,7 @@ Key key_of(std::string_view k) {
         case 's': return key_if(k, "size", Key::size);
       }
       return Key::unknown;
+    case 5: return key_if(k, "flags", Key::flags);
     case 6: return k[0] == 's' ? key_if(k, "stream", Key::stream) : key_if(k, "in_use", Key::in_use);
     case 8: return key_if(k, "reserved", Key::reserved);
     case 11: return k[0] == 'f' ? key_if(k, "free_blocks", Key::free_blocks) : key_if(k, "quarantined", Key::quarantined);
@@ -505,8 +506,7 @@ TraceReader::Parsed TraceReader::parse_line(std::string_view line, Event& out) {
   // The writer always starts event lines so; anything else takes the general road.
   static constexpr std::string_view kEventStart = R"({"type":"event",)";
   if (line.substr(0, kEventStart.size()) == kEventStart) {
-    parse_event(line, out);
-    return Parsed::event;
+    return parse_event(line, out) ? Parsed::event : Parsed::skipped;
   }
   nlohmann::json j;
   try {
@@ -521,8 +521,7 @@ TraceReader::Parsed TraceReader::parse_line(std::string_view line, Event& out) {
   if (!type->is_string()) fail("\"type\": expected a string");
   const std::string& t = type->get_ref<const std::string&>();
   if (t == trace::line::event) {
-    parse_event(line, out);
-    return Parsed::event;
+    return parse_event(line, out) ? Parsed::event : Parsed::skipped;
   }
   parse_other(j, t);
   return Parsed::skipped;
@@ -570,13 +569,16 @@ void TraceReader::add_device(DeviceInfo d) {
   devices_.push_back(std::move(d));
 }
 
-void TraceReader::parse_event(std::string_view line, Event& out) {
+bool TraceReader::parse_event(std::string_view line, Event& out) {
   Scanner s(line.data(), line.data() + line.size());
   s.set_start(line.data());
   std::uint32_t seen = 0;
   bool has_pool = false;
+  bool unknown_kind = false;
   out.has_stream = false;
   out.stream = 0;
+  out.has_flags = false;
+  out.flags = 0;
   out.oom = trace::OomClass::none;
   out.pool = trace::PoolState{};
 
@@ -627,10 +629,21 @@ void TraceReader::parse_event(std::string_view line, Event& out) {
         out.tid = static_cast<std::uint32_t>(u);
         seen |= f_tid;
         break;
-      case Key::ev:
-        name(key, out.kind, trace::kEventKindNames);
+      case Key::ev: {
+        // A kind from a newer minor version is skipped; in a trace of a version this reader
+        // knows, an unknown kind is an error.
+        const char* at = s.pos();
+        std::string_view text;
+        if (header_.minor > trace::kFormatMinor && s.string(text, scratch_) &&
+            !lookup_name(text, trace::kEventKindNames, out.kind)) {
+          unknown_kind = true;
+        } else {
+          s.rewind(at);
+          name(key, out.kind, trace::kEventKindNames);
+        }
         seen |= f_ev;
         break;
+      }
       case Key::api: {
         std::string_view text;
         if (!s.string(text, scratch_)) bad(key, "a string");
@@ -658,6 +671,12 @@ void TraceReader::parse_event(std::string_view line, Event& out) {
       case Key::stream:
         if (!s.address(out.stream)) bad(key, "a handle \"0x...\"");
         out.has_stream = true;
+        break;
+      case Key::flags:
+        u64(key, u);
+        if (u > UINT32_MAX) bad(key, "stream flags (32 bits)");
+        out.flags = static_cast<std::uint32_t>(u);
+        out.has_flags = true;
         break;
       case Key::rc:
         if (!s.i64(i) || i < INT32_MIN || i > INT32_MAX) bad(key, "an integer result code");
@@ -718,6 +737,7 @@ void TraceReader::parse_event(std::string_view line, Event& out) {
       if (!(seen & bit)) fail(fmt::format("event has no \"{}\"", key));
   }
   out.has_pool = has_pool;
+  return !unknown_kind;
 }
 
 }  // namespace cupool

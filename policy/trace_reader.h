@@ -41,6 +41,8 @@ struct Event {
   int device = -1;
   std::uint64_t t_ns = 0, dur_ns = 0, size = 0, ptr = 0, stream = 0;
   bool has_stream = false;
+  std::uint32_t flags = 0;  // stream events
+  bool has_flags = false;
   int rc = 0;
   std::uint32_t tid = 0;
   trace::OomClass oom = trace::OomClass::none;
@@ -91,7 +93,7 @@ class TraceReader {
   enum class Parsed { event, skipped };
   bool read_line(std::string_view& line);
   Parsed parse_line(std::string_view line, Event& out);
-  void parse_event(std::string_view line, Event& out);
+  bool parse_event(std::string_view line, Event& out);  // false: a kind from a newer minor version
   void parse_other(const nlohmann::json& j, std::string_view type);
   void read_header();
   void add_device(DeviceInfo d);

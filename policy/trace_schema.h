@@ -10,7 +10,7 @@ namespace cupool::trace {
 
 // A reader accepts any minor version of its major version and refuses a newer major.
 inline constexpr int kFormatMajor = 1;
-inline constexpr int kFormatMinor = 0;
+inline constexpr int kFormatMinor = 1;  // 1.1: stream_create, stream_destroy, flags
 inline constexpr std::string_view kFormatName = "cupool-trace";
 
 // What happened. One program-visible allocation is exactly one `alloc` event, whatever path it
@@ -31,11 +31,14 @@ enum class EventKind : std::uint8_t {
   oom,            // an allocation was refused; `oom_class` says why
   device,         // first sight of a device: name and total memory
   context_reset,  // a context went away (cudaDeviceReset, cuCtxDestroy...): its pool is dropped
+  stream_create,  // the process (or a library in it) created a stream; `flags` say whether it is non-blocking
+  stream_destroy,
   count_
 };
 inline constexpr std::array<std::string_view, static_cast<int>(EventKind::count_)> kEventKindNames = {
     "alloc", "free", "mem_info", "vmm_create", "vmm_release", "vmm_map", "vmm_unmap",
-    "va_reserve", "va_free", "grow", "release", "fence_retired", "oom", "device", "context_reset"};
+    "va_reserve", "va_free", "grow", "release", "fence_retired", "oom", "device", "context_reset",
+    "stream_create", "stream_destroy"};
 
 // How the call reached cupool.
 enum class Path : std::uint8_t {
@@ -79,6 +82,7 @@ struct Record {
   const char* api = nullptr;   // static string: the API name ("cudaMalloc", "cuMemAlloc_v2")
   PoolState pool{};
   std::int32_t rc = 0;         // the CUDA result code returned to the caller
+  std::uint32_t flags = 0;     // stream events: the stream's flags (1: non-blocking)
   std::uint32_t tid = 0;       // kernel thread id
   std::int16_t device = -1;    // device ordinal, -1 when unknown
   EventKind kind = EventKind::alloc;
@@ -86,6 +90,7 @@ struct Record {
   OomClass oom_class = OomClass::none;
   bool has_stream = false;
   bool has_pool = false;
+  bool has_flags = false;
 };
 
 // JSON keys, used by writer and reader alike.
@@ -108,6 +113,7 @@ inline constexpr std::string_view in_use = "in_use";
 inline constexpr std::string_view largest_free = "largest_free";
 inline constexpr std::string_view quarantined = "quarantined";
 inline constexpr std::string_view free_blocks = "free_blocks";
+inline constexpr std::string_view flags = "flags";
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
 }  // namespace key
 

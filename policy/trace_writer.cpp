@@ -496,6 +496,10 @@ void TraceWriter::format_event_locked(const trace::Record& r) {
     o.key(tk::stream);
     o.hex(r.stream);
   }
+  if (r.has_flags) {
+    o.key(tk::flags);
+    o.u64(r.flags);
+  }
   o.key(tk::rc);
   o.i64(r.rc);
   o.key(tk::dur);

@@ -26,15 +26,20 @@ const DriverCalls& driver() {
 }
 
 void StreamRegistry::created(CUcontext ctx, CUstream stream, unsigned flags) {
-  any_.store(true, std::memory_order_relaxed);
-  if (!(flags & CU_STREAM_NON_BLOCKING)) return;  // blocking streams are covered by the legacy stream
   std::lock_guard lock(mutex_);
-  non_blocking_[stream] = ctx;
+  if (flags & CU_STREAM_NON_BLOCKING) {
+    non_blocking_[stream] = ctx;
+    concurrent_.store(true, std::memory_order_relaxed);
+  } else if (blocking_.insert(stream).second && ++blocking_created_ >= 2) {
+    // A handle seen twice (the runtime's create calls the driver's) counts once.
+    concurrent_.store(true, std::memory_order_relaxed);
+  }
 }
 
 void StreamRegistry::destroyed(CUstream stream) {
   std::lock_guard lock(mutex_);
   non_blocking_.erase(stream);
+  blocking_.erase(stream);
 }
 
 std::vector<CUstream> StreamRegistry::non_blocking(CUcontext ctx) {
@@ -87,7 +92,7 @@ void DriverUpstream::synchronize() {
   if (!detached_) driver().ctx_synchronize();
 }
 
-bool DriverUpstream::needs_fences() { return streams().any_created(); }
+bool DriverUpstream::needs_fences() { return streams().concurrent(); }
 
 FenceId DriverUpstream::place_fence() {
   if (detached_) return 0;

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "cuda_api.h"
@@ -31,19 +32,25 @@ struct DriverCalls {
 };
 const DriverCalls& driver();
 
-// The non-blocking streams the process has created (per context): a fence must cover them,
-// since the legacy default stream does not wait for them.
+// The streams the process has created. Deferred frees need fences only once two streams can
+// run work at the same time: a non-blocking stream (fenced itself, since the legacy default
+// stream does not wait for it), a second blocking stream (one blocking stream and the legacy
+// stream wait for each other, so together they are still one order). Until then stream order
+// alone makes reuse safe. Per-thread default streams are not seen (docs/design.md says why).
 class StreamRegistry {
  public:
   void created(CUcontext ctx, CUstream stream, unsigned flags);
   void destroyed(CUstream stream);
-  bool any_created() const { return any_.load(std::memory_order_relaxed); }
+  // Sticky: streams destroyed may still have work queued.
+  bool concurrent() const { return concurrent_.load(std::memory_order_relaxed); }
   std::vector<CUstream> non_blocking(CUcontext ctx);
 
  private:
   std::mutex mutex_;
   std::unordered_map<CUstream, CUcontext> non_blocking_;
-  std::atomic<bool> any_{false};
+  std::unordered_set<CUstream> blocking_;  // live blocking streams
+  unsigned blocking_created_ = 0;
+  std::atomic<bool> concurrent_{false};
 };
 StreamRegistry& streams();
 

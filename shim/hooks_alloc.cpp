@@ -13,6 +13,7 @@
 #include "hooks_internal.h"
 #include "log.h"
 #include "shim_state.h"
+#include "thread_id.h"
 #include "units.h"
 
 namespace cupool::shim {
@@ -21,19 +22,6 @@ namespace {
 using trace::EventKind;
 using trace::OomClass;
 using trace::Path;
-
-std::uint32_t thread_id() {
-  // Cached per thread (a syscall per event cost ~200 ns in the H200's VM); a fork makes the
-  // calling thread the child's only thread, with a new id, so the cache is keyed by fork count.
-  thread_local std::uint64_t cached_generation = ~std::uint64_t{0};
-  thread_local std::uint32_t cached_tid = 0;
-  const std::uint64_t generation = fork_generation();
-  if (generation != cached_generation) {
-    cached_generation = generation;
-    cached_tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
-  }
-  return cached_tid;
-}
 
 // One event, timed from construction; emitted only when tracing.
 struct Event {
@@ -68,7 +56,7 @@ struct Event {
     r.rc = rc;
     r.size = size;
     r.ptr = ptr;
-    r.tid = thread_id();
+    r.tid = current_thread_id();
     if (cp) r.device = static_cast<std::int16_t>(cp->device);
     emit(r);
   }

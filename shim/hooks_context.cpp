@@ -1,6 +1,8 @@
 // Hooks that keep pools honest about the world around them: stream creation (deferred frees
 // must fence every non-blocking stream), context lifetime (a pool dies with its context), and
 // pointer queries (a block carved from a chunk must look like an allocation of its own).
+#include <dlfcn.h>
+
 #include <cstring>
 #include <string>
 
@@ -9,6 +11,7 @@
 #include "hooks_internal.h"
 #include "log.h"
 #include "shim_state.h"
+#include "thread_id.h"
 
 namespace cupool::shim::impl {
 
@@ -20,66 +23,130 @@ CUcontext current_context() {
   if (driver().ok) driver().ctx_get_current(&ctx);
   return ctx;
 }
+
+// A stream the process created: registered (deferred frees must know which streams can run at
+// the same time) and, for the outermost call, one trace event. `caller` names the object that
+// asked, in the debug log: libraries create streams of their own, and they change what
+// deferred frees cost.
+void stream_created(Path path, const char* api, bool outermost, CUstream stream, unsigned flags, std::uint64_t t0,
+                    const void* caller) {
+  const CUcontext ctx = current_context();
+  streams().created(ctx, stream, flags);
+  if (!outermost) return;
+  if (log_debug_enabled()) {
+    Dl_info info{};
+    const char* who = dladdr(caller, &info) && info.dli_fname ? info.dli_fname : "?";
+    log_debug(std::string(api) + ": stream " + std::to_string(reinterpret_cast<std::uintptr_t>(stream)) +
+              ((flags & CU_STREAM_NON_BLOCKING) ? " (non-blocking)" : " (blocking)") + " created by " + who);
+  }
+  if (!tracing()) return;
+  trace::Record r;
+  r.t_ns = now_ns();
+  r.dur_ns = r.t_ns - t0;
+  r.kind = trace::EventKind::stream_create;
+  r.api = api;
+  r.path = path;
+  r.has_stream = true;
+  r.stream = reinterpret_cast<std::uintptr_t>(stream);
+  r.has_flags = true;
+  r.flags = flags;
+  r.tid = current_thread_id();
+  CUdevice device = 0;
+  if (ctx != nullptr && driver().ok && driver().ctx_get_device(&device) == CUDA_SUCCESS)
+    r.device = static_cast<std::int16_t>(device);
+  emit(r);
+}
+
+void stream_destroyed(Path path, const char* api, bool outermost, CUstream stream) {
+  streams().destroyed(stream);
+  if (!outermost || !tracing()) return;
+  trace::Record r;
+  r.t_ns = now_ns();
+  r.kind = trace::EventKind::stream_destroy;
+  r.api = api;
+  r.path = path;
+  r.has_stream = true;
+  r.stream = reinterpret_cast<std::uintptr_t>(stream);
+  r.tid = current_thread_id();
+  emit(r);
+}
+
+unsigned runtime_stream_flags(unsigned flags) { return (flags & cudaStreamNonBlocking) ? CU_STREAM_NON_BLOCKING : 0; }
 }  // namespace
 
 // ---- Streams ----------------------------------------------------------------------------
 
-cudaError_t cudaStreamCreate(Path, cudaStream_t* stream) {
+cudaError_t cudaStreamCreate(Path path, cudaStream_t* stream) {
   HookScope scope;
+  initialize();
   auto real = CUPOOL_REAL(cudaStreamCreate);
+  const std::uint64_t t0 = now_ns();
   cudaError_t rc = real ? real(stream) : cudaErrorInitializationError;
-  if (rc == cudaSuccess && scope.outermost()) streams().created(current_context(), reinterpret_cast<CUstream>(*stream), 0);
+  if (rc == cudaSuccess)
+    stream_created(path, "cudaStreamCreate", scope.outermost(), reinterpret_cast<CUstream>(*stream), 0, t0,
+                   __builtin_return_address(0));
   return rc;
 }
 
-cudaError_t cudaStreamCreateWithFlags(Path, cudaStream_t* stream, unsigned int flags) {
+cudaError_t cudaStreamCreateWithFlags(Path path, cudaStream_t* stream, unsigned int flags) {
   HookScope scope;
+  initialize();
   auto real = CUPOOL_REAL(cudaStreamCreateWithFlags);
+  const std::uint64_t t0 = now_ns();
   cudaError_t rc = real ? real(stream, flags) : cudaErrorInitializationError;
-  if (rc == cudaSuccess && scope.outermost())
-    streams().created(current_context(), reinterpret_cast<CUstream>(*stream),
-                      (flags & cudaStreamNonBlocking) ? CU_STREAM_NON_BLOCKING : 0);
+  if (rc == cudaSuccess)
+    stream_created(path, "cudaStreamCreateWithFlags", scope.outermost(), reinterpret_cast<CUstream>(*stream),
+                   runtime_stream_flags(flags), t0, __builtin_return_address(0));
   return rc;
 }
 
-cudaError_t cudaStreamCreateWithPriority(Path, cudaStream_t* stream, unsigned int flags, int priority) {
+cudaError_t cudaStreamCreateWithPriority(Path path, cudaStream_t* stream, unsigned int flags, int priority) {
   HookScope scope;
+  initialize();
   auto real = CUPOOL_REAL(cudaStreamCreateWithPriority);
+  const std::uint64_t t0 = now_ns();
   cudaError_t rc = real ? real(stream, flags, priority) : cudaErrorInitializationError;
-  if (rc == cudaSuccess && scope.outermost())
-    streams().created(current_context(), reinterpret_cast<CUstream>(*stream),
-                      (flags & cudaStreamNonBlocking) ? CU_STREAM_NON_BLOCKING : 0);
+  if (rc == cudaSuccess)
+    stream_created(path, "cudaStreamCreateWithPriority", scope.outermost(), reinterpret_cast<CUstream>(*stream),
+                   runtime_stream_flags(flags), t0, __builtin_return_address(0));
   return rc;
 }
 
-cudaError_t cudaStreamDestroy(Path, cudaStream_t stream) {
+cudaError_t cudaStreamDestroy(Path path, cudaStream_t stream) {
   HookScope scope;
   auto real = CUPOOL_REAL(cudaStreamDestroy);
-  if (scope.outermost()) streams().destroyed(reinterpret_cast<CUstream>(stream));
+  stream_destroyed(path, "cudaStreamDestroy", scope.outermost(), reinterpret_cast<CUstream>(stream));
   return real ? real(stream) : cudaErrorInitializationError;
 }
 
-CUresult cuStreamCreate(Path, CUstream* stream, unsigned int flags) {
+// Streams the runtime creates for its own purposes are seen here too: they count.
+CUresult cuStreamCreate(Path path, CUstream* stream, unsigned int flags) {
   HookScope scope;
+  initialize();
   auto real = CUPOOL_REAL(cuStreamCreate);
+  const std::uint64_t t0 = now_ns();
   CUresult rc = real ? real(stream, flags) : CUDA_ERROR_NOT_INITIALIZED;
-  // Streams the runtime creates for its own calls are seen here too: they count.
-  if (rc == CUDA_SUCCESS) streams().created(current_context(), *stream, flags);
+  if (rc == CUDA_SUCCESS)
+    stream_created(path, "cuStreamCreate", scope.outermost(), *stream, flags, t0, __builtin_return_address(0));
   return rc;
 }
 
-CUresult cuStreamCreateWithPriority(Path, CUstream* stream, unsigned int flags, int priority) {
+CUresult cuStreamCreateWithPriority(Path path, CUstream* stream, unsigned int flags, int priority) {
   HookScope scope;
+  initialize();
   auto real = CUPOOL_REAL(cuStreamCreateWithPriority);
+  const std::uint64_t t0 = now_ns();
   CUresult rc = real ? real(stream, flags, priority) : CUDA_ERROR_NOT_INITIALIZED;
-  if (rc == CUDA_SUCCESS) streams().created(current_context(), *stream, flags);
+  if (rc == CUDA_SUCCESS)
+    stream_created(path, "cuStreamCreateWithPriority", scope.outermost(), *stream, flags, t0,
+                   __builtin_return_address(0));
   return rc;
 }
 
-CUresult cuStreamDestroy_v2(Path, CUstream stream) {
+CUresult cuStreamDestroy_v2(Path path, CUstream stream) {
   HookScope scope;
   auto real = CUPOOL_REAL(cuStreamDestroy_v2);
-  streams().destroyed(stream);
+  stream_destroyed(path, "cuStreamDestroy_v2", scope.outermost(), stream);
   return real ? real(stream) : CUDA_ERROR_NOT_INITIALIZED;
 }
 

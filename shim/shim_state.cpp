@@ -31,7 +31,6 @@ namespace {
 enum InitState : int { kUninitialized = 0, kInitializing = 1, kReady = 2 };
 std::atomic<int> g_init{kUninitialized};
 std::atomic<bool> g_exiting{false};
-std::atomic<std::uint64_t> g_fork_generation{0};
 Config* g_config = nullptr;                     // never destroyed: hooks may run during exit
 std::atomic<TraceWriter*> g_writer{nullptr};
 
@@ -71,7 +70,6 @@ void fork_parent() {
   g_pools_mutex.unlock();
 }
 void fork_child() {
-  g_fork_generation.fetch_add(1, std::memory_order_relaxed);
   if (TraceWriter* w = g_writer.load()) w->child_after_fork();
   // CUDA contexts do not survive fork: the child starts with no pools and no driver memory.
   for (int i = 0; i < g_slot_count.load(); ++i) {
@@ -135,7 +133,6 @@ void initialize() {
 
 const Config& config() { return *g_config; }
 bool exiting() { return g_exiting.load(std::memory_order_acquire); }
-std::uint64_t fork_generation() { return g_fork_generation.load(std::memory_order_relaxed); }
 
 bool tracing() { return g_writer.load(std::memory_order_relaxed) != nullptr; }
 

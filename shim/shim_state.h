@@ -21,8 +21,6 @@ namespace cupool::shim {
 void initialize();
 const Config& config();
 bool exiting();
-// How many times this process has been the child of a fork (per-thread caches key on it).
-std::uint64_t fork_generation();
 
 // Guards against re-entry: the runtime calling the driver, or cupool calling either, while an
 // intercepted call is served. Only the outermost call is routed and recorded.

@@ -19,6 +19,7 @@ EXPECTED_PATHS = {
     "prog_entrypoint": {"entry-point", "symbol"},
     "prog_static_runtime": {"proc-address"},
     "prog_inflight": {"symbol"},
+    "prog_streams": {"symbol"},
     "prog_threads": {"symbol"},
     "prog_fork": {"symbol"},
     "prog_ipc": {"symbol"},
@@ -90,6 +91,28 @@ def check_events(name, events, expect_policy):
     return allocs, frees, alloc_bytes, live
 
 
+def check_streams(events, policy, free):
+    """prog_streams: two stream_create events; with pools and deferred frees, nothing is quarantined
+    while only one blocking stream exists, and the free after the second one is."""
+    creates = [e for e in events if e["ev"] == "stream_create"]
+    destroys = [e for e in events if e["ev"] == "stream_destroy"]
+    if len(creates) != 2 or len(destroys) != 2:
+        fail(f"prog_streams: expected 2 stream_create and 2 stream_destroy events, got {len(creates)} and {len(destroys)}")
+    for e in creates:
+        if e.get("flags") != 0 or not e.get("stream", "").startswith("0x") or e["api"] != "cudaStreamCreate":
+            fail(f"prog_streams: bad stream_create event {e}")
+    if policy == "passthrough" or free != "deferred":
+        return
+    second = creates[1]["t"]
+    pool_frees = [e for e in events if e["ev"] == "free" and "quarantined" in e]
+    before = [e for e in pool_frees if e["t"] < second]
+    after = [e for e in pool_frees if e["t"] > second]
+    if not before or any(e["quarantined"] != 0 for e in before):
+        fail(f"prog_streams: frees with one blocking stream were quarantined: {before}")
+    if not after or after[0]["quarantined"] == 0:
+        fail(f"prog_streams: the free after a second blocking stream was not quarantined: {after[:1]}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", required=True)
@@ -148,6 +171,8 @@ def main():
             totals[1] += frees
             totals[2] += nbytes
             leftover.update(live)
+            if name == "prog_streams":
+                check_streams(events, a.policy, a.free)
         if "allocs" in report and report["allocs"] != totals[0]:
             fail(f"{name}: program made {report['allocs']} allocations, trace has {totals[0]}")
         if "frees" in report and report["frees"] != totals[1]:

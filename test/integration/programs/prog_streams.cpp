@@ -1,0 +1,80 @@
+// Which streams make deferred frees need fences. Phase 1: one blocking stream B besides the
+// legacy default stream. A "kernel" on B reads p for ~100 ms while the host frees p, allocates the
+// same size and fills it with cudaMemset on the legacy stream, which waits for B's earlier work:
+// stream order alone keeps the kernel's data intact, so cupool may (and should) reuse p at once.
+// Phase 2: a second blocking stream C. Work on C does not wait for B, so the same pattern with
+// the fill on C is safe only if the freed memory is not handed out before B's kernel is done.
+// Exit 0 only if both kernels saw the original data.
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "prog_common.hpp"
+
+namespace {
+constexpr size_t kBytes = 4 << 20;
+struct KernelArgs {
+    const unsigned char* p;
+    std::atomic<int> saw_original{-1};
+};
+void CUDART_CB kernel(void* u) {
+    auto* a = static_cast<KernelArgs*>(u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    bool ok = true;
+    for (size_t i = 0; i < kBytes; i += 64) ok &= a->p[i] == 0xa5;
+    ok &= a->p[kBytes - 1] == 0xa5;
+    a->saw_original = ok ? 1 : 0;
+}
+
+long long allocs = 0, frees = 0, bytes = 0;
+
+// Runs the pattern with the kernel on `reader` and the refill on `writer`; true if the kernel saw
+// the original data.
+bool round(cudaStream_t reader, cudaStream_t writer) {
+    void* p = nullptr;
+    RT(cudaMalloc(&p, kBytes));
+    if (!p) return false;
+    ++allocs;
+    bytes += kBytes;
+    RT(cudaMemset(p, 0xa5, kBytes));
+    KernelArgs args;
+    args.p = static_cast<const unsigned char*>(p);
+    RT(cudaLaunchHostFunc(reader, kernel, &args));
+    RT(cudaFree(p));
+    ++frees;
+    void* q = nullptr;
+    RT(cudaMalloc(&q, kBytes));
+    if (q) {
+        ++allocs;
+        bytes += kBytes;
+        if (writer == nullptr) RT(cudaMemset(q, 0x5a, kBytes));
+        else RT(cudaMemsetAsync(q, 0x5a, kBytes, writer));
+    }
+    RT(cudaDeviceSynchronize());
+    if (q) {
+        RT(cudaFree(q));
+        ++frees;
+    }
+    return args.saw_original == 1;
+}
+}  // namespace
+
+int main() {
+    cudaStream_t b = nullptr, c = nullptr;
+    RT(cudaStreamCreate(&b));
+    const bool one_order = round(b, nullptr);
+    EXPECT(one_order);
+    RT(cudaStreamCreate(&c));
+    const bool two_orders = round(b, c);
+    EXPECT(two_orders);
+    RT(cudaStreamDestroy(c));
+    RT(cudaStreamDestroy(b));
+    return prog::finish(prog::Json()
+                            .num("allocs", allocs)
+                            .num("frees", frees)
+                            .num("bytes", bytes)
+                            .boolean("one_blocking_stream_ok", one_order)
+                            .boolean("two_blocking_streams_ok", two_orders));
+}
