@@ -1,10 +1,10 @@
 #include "device_pool.h"
 
-#include <time.h>
 
 #include <algorithm>
 #include <utility>
 
+#include "event_clock.h"
 #include "thread_id.h"
 
 namespace cupool {
@@ -14,11 +14,8 @@ namespace {
 constexpr std::uint64_t kNever = ~std::uint64_t{0};
 constexpr std::size_t kMaxRequest = std::size_t{1} << 62;
 
-std::uint64_t monotonic_ns(void*) {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+// Pool events share the trace's clock with the shim's.
+std::uint64_t event_clock(void*) { return EventClock::now(); }
 
 constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 constexpr std::uint64_t round_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
@@ -35,7 +32,7 @@ FreeResult to_free_result(Suballocator::FreeStatus s) {
 }  // namespace
 
 DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, EventSink* sink)
-    : cfg_(cfg), device_(device), up_(upstream), sink_(sink), clock_(&monotonic_ns) {
+    : cfg_(cfg), device_(device), up_(upstream), sink_(sink), clock_(&event_clock) {
   std::size_t total = 0, free = 0;
   up_.device_memory(&total, &free);
   device_total_ = total;
@@ -60,7 +57,7 @@ DevicePool::~DevicePool() {
 
 void DevicePool::set_clock(Clock clock, void* ctx) {
   Lock lk(mu_);
-  clock_ = clock ? clock : &monotonic_ns;
+  clock_ = clock ? clock : &event_clock;
   clock_ctx_ = ctx;
 }
 

@@ -35,7 +35,7 @@ enum class FreeResult {
 
 class DevicePool {
  public:
-  // A time source (ns). Default: CLOCK_MONOTONIC. Tests and replay inject their own.
+  // A time source (ns). Default: the trace's EventClock (CLOCK_MONOTONIC). Tests and replay inject their own.
   using Clock = std::uint64_t (*)(void* ctx);
 
   DevicePool(const Config& cfg, int device, Upstream& upstream, EventSink* sink);

@@ -1,5 +1,7 @@
 #include "trace_writer.h"
 
+#include "event_clock.h"
+
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <linux/futex.h>
@@ -243,12 +245,12 @@ bool TraceWriter::open_file_locked(std::string* error) {
     append_json_string(h, arg);
   }
   h += fmt::format("],\"start_unix_ns\":{},\"start_mono_ns\":{},\"config\":", clock_ns(CLOCK_REALTIME),
-                   clock_ns(CLOCK_MONOTONIC));
+                   EventClock::now());
   h += config_json(config_);
   h += ",\"devices\":[]}\n";
   // A fork child's file repeats the devices its parent had already seen.
   for (const Device& d : devices_) {
-    h += fmt::format("{{\"type\":\"device\",\"t\":{},\"index\":{},\"name\":", clock_ns(CLOCK_MONOTONIC), d.index);
+    h += fmt::format("{{\"type\":\"device\",\"t\":{},\"index\":{},\"name\":", EventClock::now(), d.index);
     append_json_string(h, d.name);
     h += fmt::format(",\"total_bytes\":{}}}\n", d.total_bytes);
   }
@@ -274,7 +276,7 @@ void TraceWriter::close() {
     std::string f = fmt::format(
         "{{\"type\":\"footer\",\"events\":{},\"dropped\":{},\"allocs\":{},\"frees\":{},\"ooms\":{},\"end_mono_ns\":{},"
         "\"devices\":[",
-        events_, dropped_, allocs_, frees_, ooms_, clock_ns(CLOCK_MONOTONIC));
+        events_, dropped_, allocs_, frees_, ooms_, EventClock::now());
     for (std::size_t i = 0; i < devices_.size(); ++i) {
       if (i) f += ',';
       f += fmt::format("{{\"index\":{},\"name\":", devices_[i].index);
@@ -460,7 +462,7 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
     if (buf_used_ + kMaxLine > kBufferSize) write_buffer_locked();
     const std::uint64_t count = dropped - ring.dropped_reported;
     char* p = fmt::format_to(buf_.get() + buf_used_, "{{\"type\":\"drop\",\"t\":{},\"tid\":{},\"count\":{}}}\n",
-                             clock_ns(CLOCK_MONOTONIC), ring.tid, count);
+                             EventClock::now(), ring.tid, count);
     buf_used_ = static_cast<std::size_t>(p - buf_.get());
     dropped_ += count;
     ring.dropped_reported = dropped;
@@ -565,7 +567,7 @@ void TraceWriter::write_device(int device, std::string_view name, std::uint64_t 
     known->name = std::string(name);
     known->total_bytes = total_bytes;
   }
-  std::string line = fmt::format("{{\"type\":\"device\",\"t\":{},\"index\":{},\"name\":", clock_ns(CLOCK_MONOTONIC), device);
+  std::string line = fmt::format("{{\"type\":\"device\",\"t\":{},\"index\":{},\"name\":", EventClock::now(), device);
   append_json_string(line, name);
   line += fmt::format(",\"total_bytes\":{}}}\n", total_bytes);
   write_buffer_locked();

@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "device_pool.h"
+#include "event_clock.h"
 #include "hook_table.h"
 #include "log.h"
 #include "options.h"
@@ -136,11 +137,7 @@ bool exiting() { return g_exiting.load(std::memory_order_acquire); }
 
 bool tracing() { return g_writer.load(std::memory_order_relaxed) != nullptr; }
 
-std::uint64_t now_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+std::uint64_t now_ns() { return EventClock::now(); }
 
 void emit(const trace::Record& record) {
   if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->record(record);
