@@ -1,23 +1,58 @@
 // The clock of trace events: CLOCK_MONOTONIC nanoseconds. Every traced call reads it twice, and
 // on the H200's VM clock_gettime costs 28 ns against 16 ns for rdtsc, so where the TSC is
-// invariant and the kernel trusts it, it is read instead and mapped onto CLOCK_MONOTONIC by a
-// continuous, increasing piecewise-linear function, re-fitted every 20 ms: readings stay within
-// microseconds of CLOCK_MONOTONIC and never run backwards. Elsewhere clock_gettime is used.
+// invariant and the kernel trusts it (it lists "tsc" among its clock sources only when the
+// CPUs' counters agree), it is read instead and mapped onto CLOCK_MONOTONIC by a TscFit.
+// Elsewhere (the dev VM's vCPUs disagree by up to 29 us) clock_gettime is used.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
+
+#include "spin_lock.h"
 
 namespace cupool {
 
 std::uint64_t monotonic_ns();  // clock_gettime(CLOCK_MONOTONIC)
 
+// Maps a tick counter onto a nanosecond clock by a continuous, increasing piecewise-linear
+// function, re-fitted every kRefitNs: readings stay within microseconds of the nanosecond clock
+// and never run backwards, also across threads and refits. The sources are injectable so that
+// tests can drive the fit with a counter of known rate and drift.
+class TscFit {
+ public:
+  using Source = std::uint64_t (*)();
+  static constexpr std::uint64_t kRefitNs = 20'000'000;  // how often the fit is corrected
+  static constexpr std::uint64_t kLeadNs = 1'000'000;    // a new piece starts this far after its sample
+  static constexpr std::uint64_t kCalibrateNs = 2'000'000;
+
+  TscFit(Source ticks, Source ns) : ticks_(ticks), ns_(ns) {}
+  bool calibrate();  // ~kCalibrateNs of sampling; false if the counter does not advance
+  std::uint64_t now();
+
+ private:
+  struct Piece {  // ns = ns0 + (tick - tick0) * mult / 2^32
+    std::uint64_t tick0, ns0, mult;
+  };
+  static std::uint64_t apply(std::uint64_t tick, const Piece& p);
+  std::uint64_t ticks_for(std::uint64_t ns, std::uint64_t mult) const;
+  void sample(std::uint64_t* tick, std::uint64_t* ns) const;
+  void publish(const Piece& prev, const Piece& cur, std::uint64_t next_refit);
+  void refit(const Piece& cur);
+
+  Source ticks_, ns_;
+  std::uint64_t base_tick_ = 0, base_ns_ = 0;  // the first sample: the long baseline of the rate
+  // The fit: the current piece from its tick0 on, the previous one before it; a sequence lock
+  // in atomics (no fences: the thread sanitizer does not model them).
+  std::atomic<std::uint32_t> seq_{0};
+  std::atomic<std::uint64_t> prev_tick0_{0}, prev_ns0_{0}, prev_mult_{0};
+  std::atomic<std::uint64_t> tick0_{0}, ns0_{0}, mult_{0}, next_refit_{~std::uint64_t{0}};
+  SpinLock refit_lock_;
+};
+
 class EventClock {
  public:
   // Decides TSC or not (and calibrates: ~2 ms) on first use; call early to keep that off hot paths.
   static void init();
-  // For tests: the TSC wherever the CPU says it is invariant, whatever the kernel thinks of it
-  // (machines whose kernel prefers its hypervisor's clock would otherwise never test this path).
-  static void init_trusting_cpu();
   static std::uint64_t now();
   static bool uses_tsc();
 };
