@@ -2,6 +2,8 @@
 
 
 #include <algorithm>
+#include <array>
+#include <unordered_map>
 #include <utility>
 
 #include "event_clock.h"
@@ -29,10 +31,56 @@ FreeResult to_free_result(Suballocator::FreeStatus s) {
   return FreeResult::not_owned;
 }
 
+std::atomic<std::uint64_t> g_next_pool_id{1};
+
+}  // namespace
+
+// ---- thread caches: which pools are alive, and each thread's caches -----------------------------
+
+// Live pools by id, so that a thread that exits can give its caches back to pools that still
+// exist. Never destroyed: threads exit until the very end of the process.
+struct ThreadCacheRegistry {
+  static std::mutex& mutex() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::unordered_map<std::uint64_t, DevicePool*>& pools() {
+    static auto* p = new std::unordered_map<std::uint64_t, DevicePool*>;
+    return *p;
+  }
+  static bool alive(std::uint64_t id) {
+    std::lock_guard g(mutex());
+    return pools().count(id) != 0;
+  }
+  static void retire(std::uint64_t id, ThreadCache* cache) {
+    std::lock_guard g(mutex());  // held throughout: the pool cannot be destroyed meanwhile
+    if (auto it = pools().find(id); it != pools().end()) it->second->retire_cache(cache);
+  }
+};
+
+namespace {
+// This thread's caches, by pool id (ids are never reused, so a destroyed pool's entry never
+// matches again). Given back when the thread exits.
+struct ThreadCaches {
+  struct Ref {
+    std::uint64_t pool_id = 0;
+    ThreadCache* cache = nullptr;
+  };
+  std::array<Ref, 8> refs{};
+  ~ThreadCaches() {
+    for (Ref& r : refs)
+      if (r.cache) ThreadCacheRegistry::retire(r.pool_id, r.cache);
+  }
+};
+thread_local ThreadCaches t_caches;
 }  // namespace
 
 DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, EventSink* sink)
-    : cfg_(cfg), device_(device), up_(upstream), sink_(sink), clock_(&event_clock) {
+    : cfg_(cfg), device_(device), up_(upstream), sink_(sink), clock_(&event_clock), id_(g_next_pool_id++) {
+  {
+    std::lock_guard g(ThreadCacheRegistry::mutex());
+    ThreadCacheRegistry::pools()[id_] = this;
+  }
   std::size_t total = 0, free = 0;
   up_.device_memory(&total, &free);
   device_total_ = total;
@@ -49,6 +97,10 @@ DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, EventS
 }
 
 DevicePool::~DevicePool() {
+  {
+    std::lock_guard g(ThreadCacheRegistry::mutex());
+    ThreadCacheRegistry::pools().erase(id_);
+  }
   if (abandoned_) return;
   sub_.for_each_chunk([&](std::uint32_t id, std::uint64_t, std::size_t) {
     up_.release(reservations_[id].base, reservations_[id].size);
@@ -69,17 +121,45 @@ bool DevicePool::may_grow() const {
 
 AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
   if (size == 0) return {};
+  const std::uint64_t bytes = round_up(std::min<std::uint64_t>(size, kMaxRequest), Suballocator::kAlignment);
+  ThreadCache* tc = nullptr;
+  // Larger blocks than a cache keeps never enter one: they are not tracked either.
+  if (cfg_.thread_cache && !cfg_.release_idle_ns && bytes <= ThreadCache::kMaxBlock) {
+    tc = my_cache(true);
+    if (tc != nullptr && cache_usable()) {
+      std::uint64_t p = 0;
+      {
+        std::lock_guard g(tc->lock);
+        p = tc->take(bytes);
+        if (p) tc->track(p, bytes);  // untracked if full: its free then takes the pool's path
+      }
+      if (p) {
+        if (sink_) {
+          traced_in_use_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+          traced_cached_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+        }
+        if (state) fast_state(state);
+        return {p};
+      }
+    }
+  }
   Lock lk(mu_);
+  if (tc != nullptr && !cache_usable() && tc->bytes() > 0) reclaim_caches_locked(tc);  // fences now needed
   if (cfg_.release_idle_ns) check_idle(lk);
   AllocResult r;
   if (std::uint64_t p = sub_.allocate(size))
     r.ptr = p;
   else
     r = allocate_slow(lk, size);
-  if (state) {
-    if (!lk.owns_lock()) lk.lock();
-    *state = state_locked();
+  if (!lk.owns_lock()) lk.lock();
+  if (r.ptr) {
+    if (sink_) traced_in_use_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+    if (tc != nullptr) {
+      std::lock_guard g(tc->lock);
+      tc->track(r.ptr, bytes);
+    }
   }
+  if (state) *state = state_locked();
   return r;
 }
 
@@ -115,6 +195,11 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
 
   if (!quarantine_empty()) {
     seal_pending();
+    retire_ready();
+    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
+  }
+  // Blocks in threads' caches are free memory to the program: take them back before growing.
+  if (reclaim_caches_locked() > 0) {
     retire_ready();
     if (std::uint64_t p = sub_.allocate(bytes)) return {p};
   }
@@ -239,6 +324,7 @@ DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, 
     up_.release(base, size);  // unusable (overlaps a chunk we hold?): give it straight back
     return {0, trace::OomClass::device, 0};
   }
+  publish_ranges_locked();
   if (reservations_.size() <= id) {
     reservations_.resize(id + 1);
     idle_since_.resize(id + 1, 0);
@@ -270,6 +356,7 @@ std::size_t DevicePool::release_free_chunks(Lock& lk, bool include_prealloc, std
     sub_.remove_chunk(bases[i]);
     bytes += gone[i].size;
   }
+  publish_ranges_locked();
   transit_ += bytes;  // still counts against the cap until the driver has it back
   lk.unlock();
   std::vector<std::pair<std::uint64_t, std::uint64_t>> times;
@@ -292,6 +379,8 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
   std::size_t freed_size = 0;
   auto finish = [&](Suballocator::FreeStatus st) {
     if (size) *size = st == Suballocator::FreeStatus::freed ? freed_size : 0;
+    if (st == Suballocator::FreeStatus::freed && sink_)
+      traced_in_use_.fetch_sub(static_cast<std::int64_t>(freed_size), std::memory_order_relaxed);
     if (state) *state = state_locked();
     return to_free_result(st);
   };
@@ -299,8 +388,40 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     // As cudaFree does: wait for the device, then the memory is reusable at once. Done before
     // looking the pointer up so the lock is taken once; a foreign pointer's free waits anyway.
     up_.synchronize();
-  } else if (up_.needs_fences()) {
-    Lock lk(mu_);
+  }
+  // A block this thread got from the pool goes into its cache when reuse needs no fence.
+  bool known_live = false;  // this thread tracked it: live, and in nobody's bin
+  if (cfg_.thread_cache && ptr != 0) {
+    if (ThreadCache* tc = my_cache(false)) {
+      std::uint64_t bytes = 0;
+      std::unique_lock g(tc->lock);
+      if (tc->untrack(ptr, &bytes)) {
+        known_live = true;
+        if (cache_usable() && tc->put(ptr, bytes)) {
+          g.unlock();
+          if (sink_) {
+            traced_in_use_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+            traced_cached_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+          }
+          if (size) *size = bytes;
+          if (state) fast_state(state);
+          return FreeResult::freed;
+        }
+      }
+    }
+  }
+  Lock lk(mu_);
+  if (cfg_.thread_cache && !known_live && sub_.block_size(ptr) - 1 < ThreadCache::kMaxBlock) {
+    // Another thread's block, or one already freed into a cache (a double free). Only blocks a
+    // cache may keep are tracked or cached, so larger ones need no look.
+    for (auto& c : caches_) {
+      std::lock_guard g(c->lock);
+      if (c->holds(ptr)) return finish(Suballocator::FreeStatus::double_free);
+      std::uint64_t ignored = 0;
+      c->untrack(ptr, &ignored);
+    }
+  }
+  if (deferred_ && up_.needs_fences()) {
     auto st = sub_.hold(ptr, &freed_size);
     if (st != Suballocator::FreeStatus::freed) return finish(st);
     if (pending_.capacity() == 0) pending_.reserve(kBatchBlocks);
@@ -313,8 +434,7 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     if (cfg_.release_idle_ns) check_idle(lk);
     return finish(st);
   }
-  // sync mode, or deferred with one stream only: stream order alone makes reuse safe
-  Lock lk(mu_);
+  // sync mode, or deferred with one order of work only: stream order alone makes reuse safe
   Suballocator::FreeInfo info;
   auto st = sub_.free(ptr, &info);
   freed_size = info.size;
@@ -323,6 +443,132 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     check_idle(lk);
   }
   return finish(st);
+}
+
+// ---- thread caches -----------------------------------------------------------------------------
+
+// Reuse without a fence is safe: after cudaFree's wait (sync), or while all work is in one order.
+// Not with idle release: a chunk whose blocks sit in a thread's cache would never look idle.
+bool DevicePool::cache_usable() const {
+  return !abandoned_.load(std::memory_order_relaxed) && !cfg_.release_idle_ns && (!deferred_ || !up_.needs_fences());
+}
+
+ThreadCache* DevicePool::my_cache(bool create) {
+  for (const auto& r : t_caches.refs)
+    if (r.pool_id == id_) return r.cache;
+  if (!create) return nullptr;
+  ThreadCaches::Ref* slot = nullptr;
+  for (int pass = 0; pass < 2 && slot == nullptr; ++pass) {
+    for (auto& r : t_caches.refs) {
+      if (r.cache == nullptr || (pass == 1 && !ThreadCacheRegistry::alive(r.pool_id))) {
+        slot = &r;  // empty, or (second pass) the cache of a pool since destroyed
+        break;
+      }
+    }
+  }
+  if (slot == nullptr) return nullptr;  // this thread uses more pools than it keeps caches for
+  ThreadCache* cache = nullptr;
+  {
+    Lock lk(mu_);
+    if (abandoned_) return nullptr;
+    for (auto& c : caches_)
+      if (c->orphan) {
+        cache = c.get();
+        cache->orphan = false;
+        break;
+      }
+    if (cache == nullptr) {
+      try {
+        caches_.push_back(std::make_unique<ThreadCache>());
+      } catch (...) {
+        return nullptr;
+      }
+      cache = caches_.back().get();
+    }
+  }
+  *slot = ThreadCaches::Ref{id_, cache};
+  return cache;
+}
+
+// The state a cache-served event reports: the pool's as of its last locked operation, and the
+// bytes in use, which every allocation and free keeps up to date while tracing.
+void DevicePool::fast_state(trace::PoolState* s) const {
+  s->reserved = snap_reserved_.load(std::memory_order_relaxed);
+  s->largest_free = snap_largest_.load(std::memory_order_relaxed);
+  s->quarantined = snap_quarantined_.load(std::memory_order_relaxed);
+  s->free_blocks = snap_free_blocks_.load(std::memory_order_relaxed);
+  const std::int64_t in_use = traced_in_use_.load(std::memory_order_relaxed);
+  s->in_use = in_use > 0 ? static_cast<std::uint64_t>(in_use) : 0;
+  const std::int64_t cached = traced_cached_.load(std::memory_order_relaxed);
+  s->cached = cached > 0 ? static_cast<std::uint64_t>(cached) : 0;
+}
+
+void DevicePool::publish_snapshot_locked() const {
+  snap_reserved_.store(sub_.reserved(), std::memory_order_relaxed);
+  snap_largest_.store(sub_.largest_free(), std::memory_order_relaxed);
+  snap_quarantined_.store(sub_.held(), std::memory_order_relaxed);
+  snap_free_blocks_.store(sub_.free_blocks(), std::memory_order_relaxed);
+}
+
+std::uint64_t DevicePool::thread_cached_locked() const {
+  std::uint64_t n = 0;
+  for (const auto& c : caches_) n += c->bytes();
+  return n;
+}
+
+std::uint64_t DevicePool::thread_cached() const {
+  Lock lk(mu_);
+  return thread_cached_locked();
+}
+
+// Empties the bins of every cache (or of `only`) back into the pool: free at once, or into
+// quarantine when reuse now needs a fence.
+std::uint64_t DevicePool::reclaim_caches_locked(ThreadCache* only) {
+  std::uint64_t bytes = 0;
+  for (auto& c : caches_) {
+    if (only != nullptr && c.get() != only) continue;
+    std::lock_guard g(c->lock);
+    c->drain([&](std::uint64_t ptr, std::uint64_t size) {
+      bytes += size;
+      give_back_locked(ptr);
+    });
+  }
+  if (sink_) traced_cached_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
+  if (!pending_.empty()) {
+    seal_pending();
+    retire_ready();
+  }
+  return bytes;
+}
+
+void DevicePool::give_back_locked(std::uint64_t ptr) {
+  if (deferred_ && up_.needs_fences()) {
+    std::size_t held = 0;
+    if (sub_.hold(ptr, &held) != Suballocator::FreeStatus::freed) return;
+    pending_.push_back(ptr);
+    pending_bytes_ += held;
+    return;
+  }
+  Suballocator::FreeInfo info;
+  if (sub_.free(ptr, &info) == Suballocator::FreeStatus::freed) note_free(info);
+}
+
+// The cache's thread exited: its bins go back, its live blocks stay live (another thread may
+// free them), and the cache waits for a new thread to adopt it.
+void DevicePool::retire_cache(ThreadCache* cache) {
+  Lock lk(mu_);
+  if (!abandoned_) reclaim_caches_locked(cache);
+  std::lock_guard g(cache->lock);
+  cache->forget_live();
+  cache->orphan = true;
+}
+
+void DevicePool::publish_ranges_locked() {
+  auto list = std::make_unique<std::vector<Range>>();
+  sub_.for_each_chunk([&](std::uint32_t, std::uint64_t base, std::size_t size) { list->push_back({base, base + size}); });
+  std::sort(list->begin(), list->end(), [](const Range& a, const Range& b) { return a.base < b.base; });
+  ranges_.store(list.get(), std::memory_order_release);
+  range_lists_.push_back(std::move(list));
 }
 
 void DevicePool::note_free(const Suballocator::FreeInfo& info) {
@@ -401,26 +647,39 @@ void DevicePool::retire_front() {
 // ---- queries ---------------------------------------------------------------------------------------
 
 bool DevicePool::owns(std::uint64_t ptr) const {
-  Lock lk(mu_);
-  return sub_.in_chunk(ptr);
+  const std::vector<Range>* ranges = ranges_.load(std::memory_order_acquire);
+  if (ranges == nullptr) return false;
+  auto it = std::upper_bound(ranges->begin(), ranges->end(), ptr,
+                             [](std::uint64_t p, const Range& r) { return p < r.base; });
+  return it != ranges->begin() && ptr < std::prev(it)->end;
 }
 
 bool DevicePool::block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const {
   Lock lk(mu_);
-  return sub_.block_range(ptr, base, size);
+  return sub_.block_range(ptr, base, size) && !in_a_cache_locked(*base);
 }
 
 std::size_t DevicePool::block_size(std::uint64_t ptr) const {
   Lock lk(mu_);
-  return sub_.block_size(ptr);
+  return in_a_cache_locked(ptr) ? 0 : sub_.block_size(ptr);
+}
+
+// A block in a thread's bin is free to the program, though the suballocator holds it live.
+bool DevicePool::in_a_cache_locked(std::uint64_t ptr) const {
+  for (const auto& c : caches_) {
+    std::lock_guard g(c->lock);
+    if (c->holds(ptr)) return true;
+  }
+  return false;
 }
 
 trace::PoolState DevicePool::state_locked() const {
   trace::PoolState s;
   s.reserved = sub_.reserved();
-  s.in_use = sub_.in_use();
+  s.in_use = sub_.in_use() - thread_cached_locked();  // cached blocks are free to the program
   s.largest_free = sub_.largest_free();
   s.quarantined = sub_.held();
+  s.cached = thread_cached_locked();
   s.free_blocks = sub_.free_blocks();
   return s;
 }
@@ -435,7 +694,7 @@ void DevicePool::mem_info(std::size_t* free, std::size_t* total) {
   up_.device_memory(&dev_total, &dev_free);  // outside the lock: the real query is a driver call
   Lock lk(mu_);
   std::uint64_t t = has_limit_ ? cap_ : dev_total;
-  std::uint64_t f = std::min<std::uint64_t>(headroom(), dev_free) + sub_.free_bytes();
+  std::uint64_t f = std::min<std::uint64_t>(headroom(), dev_free) + sub_.free_bytes() + thread_cached_locked();
   if (free) *free = std::min(f, t);
   if (total) *total = t;
 }
@@ -452,6 +711,7 @@ bool DevicePool::try_charge_external(std::size_t bytes) {
     return true;
   }
   if (!abandoned_) {
+    reclaim_caches_locked();
     retire_ready();
     release_free_chunks(lk, false, kNever);
     if (bytes <= headroom()) {
@@ -471,6 +731,7 @@ void DevicePool::uncharge_external(std::size_t bytes) {
 void DevicePool::trim() {
   Lock lk(mu_);
   if (abandoned_) return;
+  reclaim_caches_locked();
   seal_pending();
   retire_ready();
   release_free_chunks(lk, true, kNever);
@@ -479,7 +740,15 @@ void DevicePool::trim() {
 void DevicePool::abandon() {
   Lock lk(mu_);
   abandoned_ = true;
+  for (auto& c : caches_) {  // the memory is gone with the context
+    std::lock_guard g(c->lock);
+    c->drain([](std::uint64_t, std::uint64_t) {});
+    c->forget_live();
+  }
+  traced_cached_ = 0;
+  traced_in_use_ = 0;
   sub_.clear();
+  publish_ranges_locked();
   reservations_.clear();
   idle_since_.clear();
   pending_.clear();

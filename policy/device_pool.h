@@ -5,9 +5,11 @@
 // here; docs/design.md ("The pool") explains the rules.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>  // condition_variable_any
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -15,6 +17,7 @@
 #include "event_sink.h"
 #include "spin_lock.h"  // where the pool reports grow, release, fence_retired, oom
 #include "suballocator.h"
+#include "thread_cache.h"
 #include "trace_schema.h"
 #include "upstream.h"
 
@@ -49,7 +52,7 @@ class DevicePool {
   // `size`, if given, receives the freed block's size (0 if not freed); `state` as above.
   FreeResult deallocate(std::uint64_t ptr, std::size_t* size = nullptr, trace::PoolState* state = nullptr);
 
-  bool owns(std::uint64_t ptr) const;  // inside one of the pool's chunks (frees of it belong here)
+  bool owns(std::uint64_t ptr) const;  // inside one of the pool's chunks (frees of it belong here); no lock
   bool block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const;  // interior too
   std::size_t block_size(std::uint64_t ptr) const;  // live block starting at ptr, else 0
   trace::PoolState state() const;
@@ -68,6 +71,9 @@ class DevicePool {
   void set_clock(Clock clock, void* ctx);
   std::uint64_t cap() const { return cap_; }
   std::uint64_t external() const;
+
+  // Blocks in threads' caches (cfg.thread_cache): freed by the program, kept for its thread.
+  std::uint64_t thread_cached() const;
 
   static constexpr std::size_t kChunkGranularity = 2u << 20;
   static constexpr std::size_t kBatchBlocks = 64;          // deferred free: a fence per this many blocks...
@@ -90,7 +96,25 @@ class DevicePool {
     trace::OomClass fail = trace::OomClass::none;
     int driver_code = 0;
   };
-  using Lock = std::unique_lock<SpinLock>;
+  // The pool's lock. When tracing, unlocking publishes the state that events served from a
+  // thread cache (without the lock) report.
+  class PoolMutex {
+   public:
+    explicit PoolMutex(const DevicePool* pool) : pool_(pool) {}
+    void lock() noexcept { spin_.lock(); }
+    void unlock() noexcept {
+      if (pool_->sink_) pool_->publish_snapshot_locked();
+      spin_.unlock();
+    }
+
+   private:
+    SpinLock spin_;
+    const DevicePool* pool_;
+  };
+  using Lock = std::unique_lock<PoolMutex>;
+  struct Range {
+    std::uint64_t base, end;
+  };
 
   std::uint64_t now() const { return clock_(clock_ctx_); }
   std::uint64_t charged() const { return sub_.reserved() + transit_ + external_; }
@@ -99,6 +123,19 @@ class DevicePool {
   trace::PoolState state_locked() const;
   void emit(trace::EventKind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0, std::uint64_t dur,
             trace::OomClass oom = trace::OomClass::none, int code = 0);
+
+  // Thread caches.
+  bool cache_usable() const;
+  ThreadCache* my_cache(bool create);
+  void fast_state(trace::PoolState* state) const;
+  void publish_snapshot_locked() const;
+  std::uint64_t thread_cached_locked() const;
+  bool in_a_cache_locked(std::uint64_t ptr) const;
+  std::uint64_t reclaim_caches_locked(ThreadCache* only = nullptr);
+  void give_back_locked(std::uint64_t ptr);
+  void retire_cache(ThreadCache* cache);
+  void publish_ranges_locked();
+  friend struct ThreadCacheRegistry;
 
   AllocResult allocate_slow(Lock& lk, std::size_t size);
   std::uint64_t wait_for_quarantine(Lock& lk, std::uint64_t bytes);
@@ -120,7 +157,7 @@ class DevicePool {
   Clock clock_;
   void* clock_ctx_ = nullptr;
 
-  mutable SpinLock mu_;
+  mutable PoolMutex mu_{this};
   Suballocator sub_;
   std::vector<Reservation> reservations_;
   std::uint64_t device_total_ = 0;
@@ -129,7 +166,7 @@ class DevicePool {
   std::uint64_t transit_ = 0;   // bytes being reserved or released outside the lock
   std::uint64_t external_ = 0;
   std::uint64_t step_ = 0;      // growth: the next chunk size
-  bool abandoned_ = false;
+  std::atomic<bool> abandoned_{false};  // read without the lock by the thread-cache paths
 
   // preallocate
   bool prealloc_done_ = false;
@@ -149,6 +186,19 @@ class DevicePool {
   std::size_t batch_head_ = 0;
   std::uint64_t batch_seq_ = 0;
   std::vector<std::vector<std::uint64_t>> spare_;  // recycled block lists: no allocation when warm
+
+  // thread caches
+  const std::uint64_t id_;                          // unique for the process's lifetime
+  std::vector<std::unique_ptr<ThreadCache>> caches_;  // under mu_
+  std::atomic<std::int64_t> traced_in_use_{0};      // in use and in caches, kept only when tracing
+  std::atomic<std::int64_t> traced_cached_{0};
+  mutable std::atomic<std::uint64_t> snap_reserved_{0}, snap_largest_{0}, snap_quarantined_{0};
+  mutable std::atomic<std::uint32_t> snap_free_blocks_{0};
+
+  // The chunks' address ranges, sorted, for owns() without the lock. Every list published stays
+  // allocated until the pool is destroyed (a reader may still be using it; chunks change rarely).
+  std::atomic<const std::vector<Range>*> ranges_{nullptr};
+  std::vector<std::unique_ptr<std::vector<Range>>> range_lists_;
 };
 
 }  // namespace cupool

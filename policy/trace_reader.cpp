@@ -46,7 +46,7 @@ constexpr auto kStringStop = [] {
 
 enum class Key : std::uint8_t {
   unknown, type, t, tid, ev, api, path, dev, size, ptr, stream, rc, dur, oom, reserved, in_use, largest_free,
-  quarantined, free_blocks, flags
+  quarantined, free_blocks, flags, cached
 };
 
 // The key names, checked against the schema so the two cannot drift apart.
@@ -54,7 +54,8 @@ static_assert(tk::t == "t" && tk::ev == "ev" && tk::rc == "rc" && tk::tid == "ti
               tk::ptr == "ptr" && tk::oom_class == "oom" && tk::dev == "dev" && tk::dur == "dur" &&
               tk::type == "type" && tk::path == "path" && tk::size == "size" && tk::stream == "stream" &&
               tk::in_use == "in_use" && tk::reserved == "reserved" && tk::free_blocks == "free_blocks" &&
-              tk::quarantined == "quarantined" && tk::largest_free == "largest_free" && tk::flags == "flags");
+              tk::quarantined == "quarantined" && tk::largest_free == "largest_free" && tk::flags == "flags" &&
+              tk::cached == "cached");
 
 // One fixed-size comparison per key instead of a chain of them. k.size() is N - 1 here.
 template <std::size_t N>
@@ -83,7 +84,13 @@ Key key_of(std::string_view k) {
       }
       return Key::unknown;
     case 5: return key_if(k, "flags", Key::flags);
-    case 6: return k[0] == 's' ? key_if(k, "stream", Key::stream) : key_if(k, "in_use", Key::in_use);
+    case 6:
+      switch (k[0]) {
+        case 's': return key_if(k, "stream", Key::stream);
+        case 'i': return key_if(k, "in_use", Key::in_use);
+        case 'c': return key_if(k, "cached", Key::cached);
+      }
+      return Key::unknown;
     case 8: return key_if(k, "reserved", Key::reserved);
     case 11: return k[0] == 'f' ? key_if(k, "free_blocks", Key::free_blocks) : key_if(k, "quarantined", Key::quarantined);
     case 12: return key_if(k, "largest_free", Key::largest_free);
@@ -700,6 +707,10 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
         break;
       case Key::largest_free:
         u64(key, out.pool.largest_free);
+        has_pool = true;
+        break;
+      case Key::cached:
+        u64(key, out.pool.cached);
         has_pool = true;
         break;
       case Key::quarantined:

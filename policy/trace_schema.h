@@ -10,7 +10,7 @@ namespace cupool::trace {
 
 // A reader accepts any minor version of its major version and refuses a newer major.
 inline constexpr int kFormatMajor = 1;
-inline constexpr int kFormatMinor = 1;  // 1.1: stream_create, stream_destroy, flags
+inline constexpr int kFormatMinor = 1;  // 1.1: stream_create, stream_destroy, flags, cached
 inline constexpr std::string_view kFormatName = "cupool-trace";
 
 // What happened. One program-visible allocation is exactly one `alloc` event, whatever path it
@@ -69,6 +69,7 @@ struct PoolState {
   std::uint64_t in_use = 0;        // bytes handed to the program (rounded sizes)
   std::uint64_t largest_free = 0;  // the largest block that could be handed out now
   std::uint64_t quarantined = 0;   // freed bytes waiting for a fence (deferred free)
+  std::uint64_t cached = 0;        // freed bytes kept in threads' caches (free to the program)
   std::uint32_t free_blocks = 0;   // number of free blocks
 };
 
@@ -112,6 +113,7 @@ inline constexpr std::string_view reserved = "reserved";
 inline constexpr std::string_view in_use = "in_use";
 inline constexpr std::string_view largest_free = "largest_free";
 inline constexpr std::string_view quarantined = "quarantined";
+inline constexpr std::string_view cached = "cached";
 inline constexpr std::string_view free_blocks = "free_blocks";
 inline constexpr std::string_view flags = "flags";
 inline constexpr std::string_view name = "name";  // device events: device name (text field)

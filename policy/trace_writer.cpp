@@ -519,6 +519,10 @@ void TraceWriter::format_event_locked(const trace::Record& r) {
     o.u64(r.pool.largest_free);
     o.key(tk::quarantined);
     o.u64(r.pool.quarantined);
+    if (r.pool.cached != 0) {
+      o.key(tk::cached);
+      o.u64(r.pool.cached);
+    }
     o.key(tk::free_blocks);
     o.u64(r.pool.free_blocks);
   }

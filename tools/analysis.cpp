@@ -143,7 +143,7 @@ void DeviceFold::update() {
   now_.in_use = pool_.in_use + outside_;
   now_.reserved = pool_.reserved + outside_;
   now_.largest_free = pool_.largest_free;
-  const std::uint64_t busy = pool_.in_use + pool_.quarantined;
+  const std::uint64_t busy = pool_.in_use + pool_.quarantined + pool_.cached;  // cached: one thread's, not free to all
   now_.free = pool_.reserved > busy ? pool_.reserved - busy : 0;
   if (now_.largest_free > now_.free) now_.free = now_.largest_free;
 }

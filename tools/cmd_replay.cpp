@@ -163,6 +163,9 @@ int cmd_replay(const std::vector<std::string>& raw) {
     }
     for (const std::string& name : names) {
       vars["CUPOOL_POLICY"] = name;
+      // One thread drives every recorded thread's calls here: a per-thread cache would pool all
+      // of them as if they were one thread's, so the replayed pools have none.
+      vars["CUPOOL_THREAD_CACHE"] = "false";
       // The replayed configuration is read by the same table as the library's (policy/options.cpp).
       auto parsed = parse_options([&](const char* var) -> const char* {
         auto it = vars.find(var);

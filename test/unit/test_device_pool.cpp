@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "device_pool.h"
@@ -532,4 +533,138 @@ TEST_CASE("pool: deferred free", "[pool]") {
     pool.deallocate(pool.allocate(DevicePool::kBatchBytes).ptr);
     CHECK(up.counters().fences_placed == 1);
   }
+}
+
+// ---- per-thread caches ---------------------------------------------------------------------------
+
+namespace {
+Config cached_config(FreeMode mode = FreeMode::sync) {
+  Config c = growth_config();
+  c.thread_cache = true;
+  c.free_mode = mode;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("thread cache: a thread's freed block serves its next allocation of that size", "[pool][cache]") {
+  SimUpstream up(1 * GiB);
+  RecordingSink sink;
+  DevicePool pool(cached_config(), 0, up, &sink);
+  const std::uint64_t p = pool.allocate(4096).ptr;
+  REQUIRE(p != 0);
+  trace::PoolState s;
+  std::size_t size = 0;
+  REQUIRE(pool.deallocate(p, &size, &s) == FreeResult::freed);
+  CHECK(size == 4096);
+  CHECK(s.in_use == 0);
+  CHECK(s.cached == 4096);
+  CHECK(pool.thread_cached() == 4096);
+  CHECK(pool.state().in_use == 0);
+  CHECK(pool.block_size(p) == 0);  // free to the program
+  std::size_t free_before = 0, total = 0;
+  pool.mem_info(&free_before, &total);
+
+  AllocResult again = pool.allocate(4000, &s);  // rounds to the same 4096
+  CHECK(again.ptr == p);
+  CHECK(s.in_use == 4096);
+  CHECK(s.cached == 0);
+  CHECK(s.reserved == 32 * MiB);
+  CHECK(pool.thread_cached() == 0);
+  CHECK(pool.block_size(p) == 4096);
+  CHECK(up.counters().reserve_calls == 1);
+  std::size_t free_after = 0;
+  pool.mem_info(&free_after, &total);
+  CHECK(free_before - free_after == 4096);  // cached bytes counted as free
+
+  // Larger blocks than the cache keeps go straight back to the pool.
+  const std::uint64_t big = pool.allocate(2 * MiB).ptr;
+  REQUIRE(pool.deallocate(big) == FreeResult::freed);
+  CHECK(pool.thread_cached() == 0);
+  CHECK(pool.deallocate(p) == FreeResult::freed);
+}
+
+TEST_CASE("thread cache: double frees and frees from other threads", "[pool][cache]") {
+  SimUpstream up(1 * GiB);
+  DevicePool pool(cached_config(), 0, up, nullptr);
+  const std::uint64_t p = pool.allocate(8192).ptr;
+  const std::uint64_t q = pool.allocate(8192).ptr;
+  REQUIRE(p != 0);
+  REQUIRE(q != 0);
+  REQUIRE(pool.deallocate(p) == FreeResult::freed);  // into this thread's cache
+  const trace::PoolState before = pool.state();
+  CHECK(pool.deallocate(p) == FreeResult::double_free);
+  FreeResult other_double = FreeResult::freed, other_free = FreeResult::double_free;
+  std::thread([&] {
+    other_double = pool.deallocate(p);  // already in the first thread's cache
+    other_free = pool.deallocate(q);    // allocated by the first thread, freed here: fine
+  }).join();
+  CHECK(other_double == FreeResult::double_free);
+  CHECK(other_free == FreeResult::freed);
+  CHECK(pool.deallocate(q) == FreeResult::double_free);  // the first thread no longer counts it live
+  const trace::PoolState after = pool.state();
+  CHECK(after.reserved == before.reserved);
+  CHECK(after.in_use == before.in_use - 8192);  // q went back
+  // p is handed out once more, and exactly once.
+  const std::uint64_t r = pool.allocate(8192).ptr;
+  const std::uint64_t t = pool.allocate(8192).ptr;
+  CHECK(r == p);
+  CHECK(t != p);
+}
+
+TEST_CASE("thread cache: blocks go back to the pool before it grows or refuses", "[pool][cache]") {
+  SimUpstream up(1 * GiB);
+  Config cfg = with_limit(cached_config(), 32 * MiB);
+  DevicePool pool(cfg, 0, up, nullptr);
+  std::vector<std::uint64_t> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate(1 * MiB).ptr);
+  for (std::uint64_t b : blocks) REQUIRE(pool.deallocate(b) == FreeResult::freed);
+  CHECK(pool.thread_cached() == 8 * MiB);
+  // Only with the cached megabytes back is there room for this under the 32 MiB cap.
+  const AllocResult big = pool.allocate(31 * MiB);
+  CHECK(big.ptr != 0);
+  CHECK(pool.thread_cached() == 0);
+  CHECK(pool.state().reserved == 32 * MiB);
+  CHECK(up.counters().reserve_calls == 1);
+}
+
+TEST_CASE("thread cache: a thread that exits gives its blocks back", "[pool][cache]") {
+  SimUpstream up(1 * GiB);
+  DevicePool pool(cached_config(), 0, up, nullptr);
+  std::uint64_t p = 0;
+  std::thread([&] {
+    p = pool.allocate(64 * 1024).ptr;
+    pool.deallocate(p);
+    CHECK(pool.thread_cached() == 64 * 1024);
+  }).join();
+  CHECK(pool.thread_cached() == 0);
+  CHECK(pool.state().in_use == 0);
+  CHECK(pool.state().free_blocks == 1);  // coalesced back into the chunk
+  // A new thread adopts the retired cache.
+  std::thread([&] { CHECK(pool.deallocate(pool.allocate(512).ptr) == FreeResult::freed); }).join();
+  CHECK(pool.thread_cached() == 0);
+}
+
+TEST_CASE("thread cache: no reuse without a fence once streams can overlap", "[pool][cache]") {
+  SimUpstream up(1 * GiB);
+  up.set_needs_fences(false);
+  DevicePool pool(cached_config(FreeMode::deferred), 0, up, nullptr);
+  const std::uint64_t p = pool.allocate(4096).ptr;
+  REQUIRE(pool.deallocate(p) == FreeResult::freed);
+  CHECK(pool.thread_cached() == 4096);  // one order of work: reusable at once
+  CHECK(pool.allocate(4096).ptr == p);
+
+  REQUIRE(pool.deallocate(p) == FreeResult::freed);
+  CHECK(pool.thread_cached() == 4096);
+  // A second stream appears while work is in flight: the cached block must wait for a fence.
+  up.set_needs_fences(true);
+  up.set_pending_work(true);
+  const std::uint64_t q = pool.allocate(4096).ptr;
+  CHECK(q != p);
+  CHECK(pool.thread_cached() == 0);
+  CHECK(pool.state().quarantined == 4096);
+  REQUIRE(pool.deallocate(q) == FreeResult::freed);
+  CHECK(pool.thread_cached() == 0);  // with fences, frees go to quarantine
+  CHECK(pool.state().quarantined == 8192);
+  up.complete_all();
+  up.set_pending_work(false);
 }

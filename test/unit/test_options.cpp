@@ -70,7 +70,7 @@ TEST_CASE("the table names every variable once, with everything filled in", "[op
     CHECK(!o.meaning.empty());
     CHECK(o.parse != nullptr);
   }
-  CHECK(names.size() == 12);
+  CHECK(names.size() == 13);
 }
 
 TEST_CASE("CUPOOL_POLICY", "[options]") {
@@ -257,7 +257,7 @@ TEST_CASE("describe and config_json", "[options]") {
   const Config c = ok({{"CUPOOL_LIMIT", "8GiB,1:50%"}, {"CUPOOL_RELEASE", "30s"}, {"CUPOOL_TRACE", "/tmp/a \"b\".jsonl"}});
   CHECK(describe(c) ==
         "policy=growth free=sync limit=8GiB,1:50% preallocate=75% preallocate_grow=false growth_chunk=32MiB "
-        "growth_chunk_max=512MiB release=30s trace=/tmp/a \"b\".jsonl trace_flush_ms=100 trace_buffer=16384 log=info");
+        "growth_chunk_max=512MiB release=30s thread_cache=true trace=/tmp/a \"b\".jsonl trace_flush_ms=100 trace_buffer=16384 log=info");
   CHECK(describe(ok({})).find("limit=none") != std::string::npos);
   CHECK(describe(ok({})).find("release=never") != std::string::npos);
 

@@ -617,7 +617,7 @@ TEST_CASE("docs/trace-format.md names every key, line type and value of the sche
   for (auto k : {trace::key::type, trace::key::t, trace::key::tid, trace::key::ev, trace::key::api, trace::key::path,
                  trace::key::dev, trace::key::size, trace::key::ptr, trace::key::stream, trace::key::rc, trace::key::dur,
                  trace::key::oom_class, trace::key::reserved, trace::key::in_use, trace::key::largest_free,
-                 trace::key::quarantined, trace::key::free_blocks, trace::key::flags, trace::key::name})
+                 trace::key::quarantined, trace::key::free_blocks, trace::key::flags, trace::key::cached, trace::key::name})
     CHECK(named(k));
   for (auto n : trace::kEventKindNames) CHECK(named(n));
   for (auto n : trace::kPathNames) CHECK(named(n));

@@ -1,0 +1,89 @@
+#include "thread_cache.h"
+
+namespace cupool {
+
+static_assert((ThreadCache::kLiveSlots & (ThreadCache::kLiveSlots - 1)) == 0);
+static_assert(ThreadCache::kLiveSlots == std::size_t{1} << 11, "home() yields 11 bits");
+
+// Open addressing with linear probing, at most 3/4 full; deletion shifts entries back, so
+// there are no tombstones and a probe stops at the first empty slot.
+bool ThreadCache::track(std::uint64_t ptr, std::uint64_t size) {
+  if (ptr == 0) return false;
+  if (live_count_ >= kLiveSlots / 4 * 3) return false;
+  std::size_t i = home(ptr);
+  while (live_[i].ptr != 0) {
+    if (live_[i].ptr == ptr) {  // cannot happen for a pool handing out each block once
+      live_[i].size = size;
+      return true;
+    }
+    i = (i + 1) & (kLiveSlots - 1);
+  }
+  live_[i] = Slot{ptr, size};
+  ++live_count_;
+  return true;
+}
+
+bool ThreadCache::untrack(std::uint64_t ptr, std::uint64_t* size) {
+  if (ptr == 0) return false;
+  std::size_t i = home(ptr);
+  while (live_[i].ptr != ptr) {
+    if (live_[i].ptr == 0) return false;
+    i = (i + 1) & (kLiveSlots - 1);
+  }
+  *size = live_[i].size;
+  // Backward-shift deletion: move later entries of the cluster into the hole when their home
+  // is not between the hole and them.
+  std::size_t hole = i;
+  for (std::size_t j = (i + 1) & (kLiveSlots - 1); live_[j].ptr != 0; j = (j + 1) & (kLiveSlots - 1)) {
+    const std::size_t h = home(live_[j].ptr);
+    const bool movable = hole <= j ? (h <= hole || h > j) : (h <= hole && h > j);
+    if (movable) {
+      live_[hole] = live_[j];
+      hole = j;
+    }
+  }
+  live_[hole] = Slot{};
+  --live_count_;
+  return true;
+}
+
+void ThreadCache::forget_live() {
+  live_.fill(Slot{});
+  live_count_ = 0;
+}
+
+bool ThreadCache::put(std::uint64_t ptr, std::uint64_t size) {
+  if (size > kMaxBlock || bytes() + size > kMaxBytes) return false;
+  Bin* target = nullptr;
+  for (Bin& b : bins_) {
+    if (b.size == size) {
+      target = &b;
+      break;
+    }
+    if (b.count == 0 && target == nullptr) target = &b;  // an empty bin can take a new size
+  }
+  if (target == nullptr || target->count == kBinBlocks) return false;
+  target->size = size;
+  target->ptrs[static_cast<std::size_t>(target->count++)] = ptr;
+  bytes_.store(bytes() + size, std::memory_order_relaxed);
+  return true;
+}
+
+std::uint64_t ThreadCache::take(std::uint64_t size) {
+  for (Bin& b : bins_) {
+    if (b.size != size || b.count == 0) continue;
+    const std::uint64_t ptr = b.ptrs[static_cast<std::size_t>(--b.count)];
+    bytes_.store(bytes() - size, std::memory_order_relaxed);
+    return ptr;
+  }
+  return 0;
+}
+
+bool ThreadCache::holds(std::uint64_t ptr) const {
+  for (const Bin& b : bins_)
+    for (int i = 0; i < b.count; ++i)
+      if (b.ptrs[static_cast<std::size_t>(i)] == ptr) return true;
+  return false;
+}
+
+}  // namespace cupool

@@ -1,0 +1,71 @@
+// A thread's cache in front of a DevicePool: the blocks it freed, kept for its next allocation of
+// the same size, and the blocks it got from the pool (so a free knows their size without the
+// pool's lock). With 8 threads allocating at once, every pair taking the pool's one lock cost
+// 1.1-1.3 us of wall time per pair on the H200 host; a thread that reuses its own blocks touches
+// no shared cache line at all. Not thread-safe by itself: the owner and the pool (reclaiming
+// blocks, checking a free from another thread) take `lock`; it is only ever taken after the
+// pool's lock, never before it.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "spin_lock.h"
+
+namespace cupool {
+
+class ThreadCache {
+ public:
+  static constexpr int kBins = 8;                       // distinct sizes kept
+  static constexpr int kBinBlocks = 8;                  // blocks kept per size
+  static constexpr std::uint64_t kMaxBytes = 16u << 20;  // bytes kept in all bins together
+  static constexpr std::uint64_t kMaxBlock = 1u << 20;   // the largest block kept
+  static constexpr std::size_t kLiveSlots = 2048;       // live blocks tracked (power of two)
+
+  SpinLock lock;
+
+  // Live blocks this thread got from the pool. track() is false when the table is full: such a
+  // block's free takes the pool's path.
+  bool track(std::uint64_t ptr, std::uint64_t size);
+  bool untrack(std::uint64_t ptr, std::uint64_t* size);
+
+  // Freed blocks. put() is false when there is no room for that size.
+  bool put(std::uint64_t ptr, std::uint64_t size);
+  std::uint64_t take(std::uint64_t size);  // 0: none of that size
+  bool holds(std::uint64_t ptr) const;     // a freed block in a bin (a second free is a double free)
+  std::uint64_t bytes() const { return bytes_.load(std::memory_order_relaxed); }  // in the bins
+
+  // Empties the bins: fn(ptr, size) for each block.
+  template <typename Fn>
+  void drain(Fn&& fn) {
+    for (Bin& b : bins_) {
+      for (int i = 0; i < b.count; ++i) fn(b.ptrs[static_cast<std::size_t>(i)], b.size);
+      b.count = 0;
+    }
+    bytes_.store(0, std::memory_order_relaxed);
+  }
+  void forget_live();  // the owner is gone: its live blocks stay live in the pool, untracked
+
+  bool orphan = false;  // the owning thread exited: a new thread may adopt this cache
+
+ private:
+  struct Bin {
+    std::uint64_t size = 0;
+    int count = 0;
+    std::array<std::uint64_t, kBinBlocks> ptrs{};
+  };
+  struct Slot {
+    std::uint64_t ptr = 0;  // 0: empty (no block starts at address 0)
+    std::uint64_t size = 0;
+  };
+  static std::size_t home(std::uint64_t ptr) { return (ptr >> 9) * 0x9E3779B97F4A7C15ull >> 53; }
+
+  std::array<Bin, kBins> bins_{};
+  std::atomic<std::uint64_t> bytes_{0};  // read by the pool without this cache's lock
+  std::array<Slot, kLiveSlots> live_{};
+  std::size_t live_count_ = 0;
+};
+
+}  // namespace cupool
