@@ -86,6 +86,7 @@ struct Record {
   OomClass oom_class = OomClass::none;
   bool has_stream = false;
   bool has_pool = false;
+  bool cached = false;         // served by cupool's VMM mapping cache, no driver call (key only when true)
 };
 
 // JSON keys, used by writer and reader alike.
@@ -108,6 +109,7 @@ inline constexpr std::string_view in_use = "in_use";
 inline constexpr std::string_view largest_free = "largest_free";
 inline constexpr std::string_view quarantined = "quarantined";
 inline constexpr std::string_view free_blocks = "free_blocks";
+inline constexpr std::string_view cached = "cached";  // true: a VMM call served by the mapping cache
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
 }  // namespace key
 
