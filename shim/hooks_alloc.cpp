@@ -571,7 +571,10 @@ CUresult recorded(Path path, EventKind kind, const char* api, std::uint64_t size
   ev.done(rc, size, ptr_after(arg), cp);
   return rc;
 }
-std::uint64_t value_of(void* p) { return *static_cast<std::uint64_t*>(p); }
+// Every pointee is a CUdeviceptr (unsigned long long). Reading it as std::uint64_t (unsigned long)
+// broke strict aliasing: GCC moved the load of cuMemAddressReserve's result before the call's
+// store, and every va_reserve event said "ptr":"0x0".
+std::uint64_t value_of(void* p) { return *static_cast<CUdeviceptr*>(p); }
 }  // namespace
 
 CUresult cuMemMap(Path path, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,

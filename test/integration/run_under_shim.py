@@ -68,6 +68,8 @@ def check_events(name, events, expect_policy):
         for key in ("t", "tid", "ev", "api", "path", "rc", "dur"):
             if key not in e:
                 fail(f"event without '{key}': {e}")
+        if e["ev"] == "va_reserve" and e["rc"] == 0 and e.get("ptr") == "0x0":
+            fail(f"va_reserve event without the reserved address: {e}")
         if e["ev"] == "alloc" and e["rc"] == 0 and e.get("size", 0) > 0:
             ptr = e["ptr"]
             if ptr in live:
