@@ -226,6 +226,14 @@ std::optional<std::string> parse_bool(std::string_view v, bool& out) {
   return std::nullopt;
 }
 
+std::optional<std::string> parse_vmm_cache(std::string_view v, Config& c) {
+  const std::string_view t = trim(v);
+  if (iequals(t, "on")) c.vmm_cache = true;
+  else if (iequals(t, "off")) c.vmm_cache = false;
+  else return parse_bool(v, c.vmm_cache);
+  return std::nullopt;
+}
+
 std::optional<std::string> parse_preallocate_grow(std::string_view v, Config& c) {
   return parse_bool(v, c.preallocate_grow);
 }
@@ -375,6 +383,9 @@ const std::array<OptionInfo, kOptionCount> kOptions = {{
   {"CUPOOL_RELEASE", "duration", "never", "never, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
    "Give a chunk back to the driver once it has been entirely free this long.",
    parse_release},
+  {"CUPOOL_VMM_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
+   "Keep whole virtual-memory mappings (cuMemCreate + cuMemAddressReserve + cuMemMap) the program frees and hand them back when it asks for the same size again, with no driver call (growth and preallocate only).",
+   parse_vmm_cache},
   {"CUPOOL_TRACE", "path", "unset (no trace)", "a file path; %p becomes the process id, %% a single %",
    "Write a JSON Lines trace of every device allocation to this file (docs/trace-format.md).",
    parse_trace},
@@ -476,10 +487,10 @@ std::string describe(const Config& c) {
   if (limit.empty()) limit = "none";
   return fmt::format(
       "policy={} free={} limit={} preallocate={} preallocate_grow={} growth_chunk={} growth_chunk_max={} "
-      "release={} trace={} trace_flush_ms={} trace_buffer={} log={}",
+      "release={} vmm_cache={} trace={} trace_flush_ms={} trace_buffer={} log={}",
       kPolicyNames[static_cast<int>(c.policy)], kFreeNames[static_cast<int>(c.free_mode)], limit,
       format_size_spec(c.preallocate), c.preallocate_grow, format_size(c.growth_chunk), format_size(c.growth_chunk_max),
-      c.release_idle_ns ? format_duration(*c.release_idle_ns) : std::string("never"),
+      c.release_idle_ns ? format_duration(*c.release_idle_ns) : std::string("never"), c.vmm_cache ? "on" : "off",
       c.trace_path.empty() ? std::string("off") : c.trace_path, c.trace_flush_ns / 1'000'000, c.trace_buffer_events,
       c.log_level);
 }
