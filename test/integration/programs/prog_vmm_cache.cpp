@@ -6,7 +6,8 @@
 // buffers late) in flight while the host frees and allocates again. Then the cases cupool's VMM
 // cache must hand to the driver untouched: a recycled handle mapped at another reservation,
 // another handle mapped onto a recycled address, frees in another order, a double release, an
-// exported handle.
+// exported handle. Memory info must count kept mappings as free, and at the end one buffer of
+// nearly all the memory allowed needs them given back.
 //
 // The program counts the VMM calls that reached the (simulated) driver (cupoolSimVmmCalls) and
 // prints them; run_under_shim.py checks that, under cupool's pooling policies, the steps after the
@@ -119,6 +120,9 @@ int main() {
     size_t g = 0;
     DRV(cuMemGetAllocationGranularity(&g, &g_prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
     if (g == 0) return prog::finish(prog::Json());
+
+    size_t free_before = 0, total = 0;
+    DRV(cuMemGetInfo_v2(&free_before, &total));
 
     // ---- the steps: allocate, fill, launch readers, free while they may still run
     const size_t sizes[] = {g, 2 * g, g, 3 * g, g};
@@ -243,6 +247,24 @@ int main() {
         EXPECT(vmm_calls() > calls);
         release(b);
         // (the fd is the shared handle: closing it is the receiver's business; here, nobody's)
+    }
+
+    // ---- memory: what cupool keeps is free to the program, and given back when it needs it
+    {
+        size_t free_after = 0;
+        DRV(cuMemGetInfo_v2(&free_after, &total));
+        EXPECT(free_after >= free_before);  // kept mappings count as free
+        // Nearly everything the device (or CUPOOL_LIMIT) allows, in one buffer: the kept mappings
+        // must go back to the driver first. Only its ends are touched (the simulator's memory is sparse).
+        const size_t big = (total / g - 4) * g;
+        Buffer b = allocate(big);
+        DRV(cuMemsetD8_v2(b.va, 0x36, 1));
+        DRV(cuMemsetD8_v2(b.va + big - 1, 0x37, 1));
+        unsigned char first = 0, last = 0;
+        DRV(cuMemcpyDtoH_v2(&first, b.va, 1));
+        DRV(cuMemcpyDtoH_v2(&last, b.va + big - 1, 1));
+        EXPECT(first == 0x36 && last == 0x37);
+        release(b);
     }
 
     DRV(cuStreamDestroy_v2(s));
