@@ -121,12 +121,28 @@ int main() {
     DRV(cuMemGetAllocationGranularity(&g, &g_prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
     if (g == 0) return prog::finish(prog::Json());
 
+    // ---- first of all (no fence placed yet, so no event to recycle): a buffer a kernel reads late,
+    // freed by a thread with no context current; its reuse must still wait for the kernel
+    std::atomic<int> bad{0};
+    {
+        Buffer a = allocate(g);
+        DRV(cuMemsetD8_v2(a.va, 0xa7, g));
+        Check c{reinterpret_cast<const unsigned char*>(a.va), g, 0xa7, 100, &bad};
+        DRV(cuLaunchHostFunc(s, kernel, &c));
+        if (!expect_cache) DRV(cuStreamSynchronize(s));
+        std::thread([&] { release(a); }).join();
+        Buffer b = allocate(g);
+        DRV(cuMemsetD8_v2(b.va, 0x7a, g));
+        DRV(cuStreamSynchronize(s));
+        EXPECT(bad.load() == 0);
+        release(b);
+    }
+
     size_t free_before = 0, total = 0;
     DRV(cuMemGetInfo_v2(&free_before, &total));
 
     // ---- the steps: allocate, fill, launch readers, free while they may still run
     const size_t sizes[] = {g, 2 * g, g, 3 * g, g};
-    std::atomic<int> bad{0};
     std::vector<Check> checks(kSteps * std::size(sizes));
     unsigned long long steady_calls = 0, before = 0;
     for (int step = 0; step < kSteps; ++step) {
