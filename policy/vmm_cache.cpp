@@ -212,6 +212,9 @@ std::uint64_t VmmCache::take(Upstream* owner, std::uint64_t size, const VmmProps
     for (std::size_t k = 0; k < batches_.size(); ++k) {
       Batch& c = batches_[k];
       if (k <= i && c.owner == owner) {
+        // Retired, since fences of one owner retire in order; asking lets the upstream forget
+        // (and recycle) the fence's events, which it does only once it has seen it retired.
+        if (k < i) owner->fence_retired(c.fence);
         for (std::uint64_t id : c.ids)
           if (Entry* e = by_id(id); e && e->stage == Stage::fenced) make_safe(id, *e);
       } else {

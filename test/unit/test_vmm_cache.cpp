@@ -391,6 +391,25 @@ TEST_CASE("vmm cache: deferred mode reuses behind fences", "[vmm]") {
   CHECK(prog.driver_calls == 4);
 }
 
+TEST_CASE("vmm cache: waiting for a younger fence makes the older ones reusable too", "[vmm]") {
+  SimUpstream up(16ull << 30);
+  up.set_needs_fences(true);
+  up.set_pending_work(true);
+  FakeDriver drv;
+  VmmCache cache(drv, FreeMode::deferred);
+  Program prog{cache, drv, &up};
+  auto a = prog.allocate(2 * MiB);
+  auto b = prog.allocate(4 * MiB);
+  prog.free(a);  // fence 1
+  prog.free(b);  // fence 2
+  auto c = prog.allocate(4 * MiB);  // waits for fence 2, which retires fence 1 too
+  CHECK(c.h == b.h);
+  CHECK(up.counters().fence_waits == 1);
+  auto d = prog.allocate(2 * MiB);  // already safe: no wait
+  CHECK(d.h == a.h);
+  CHECK(up.counters().fence_waits == 1);
+}
+
 TEST_CASE("vmm cache: memory pressure gives free mappings back", "[vmm]") {
   SimUpstream up(16ull << 30), other(16ull << 30);
   up.set_needs_fences(false);
