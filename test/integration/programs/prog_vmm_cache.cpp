@@ -6,8 +6,8 @@
 // buffers late) in flight while the host frees and allocates again. Then the cases cupool's VMM
 // cache must hand to the driver untouched: a recycled handle mapped at another reservation,
 // another handle mapped onto a recycled address, frees in another order, a double release, an
-// exported handle. Memory info must count kept mappings as free, and at the end one buffer of
-// nearly all the memory allowed needs them given back.
+// exported handle. Memory info must count kept mappings as free, one buffer of nearly all the
+// memory allowed needs them given back, and a context reset drops them without driver calls.
 //
 // The program counts the VMM calls that reached the (simulated) driver (cupoolSimVmmCalls) and
 // prints them; run_under_shim.py checks that, under cupool's pooling policies, the steps after the
@@ -284,6 +284,22 @@ int main() {
     }
 
     DRV(cuStreamDestroy_v2(s));
+
+    // ---- a context reset: what cupool kept for it is forgotten without a driver call, and the
+    // new context starts afresh
+    {
+        Buffer a = allocate(g);
+        release(a);
+        const unsigned long long calls = vmm_calls();
+        DRV(cuDevicePrimaryCtxReset_v2(0));
+        EXPECT(vmm_calls() == calls);
+        DRV(cuDevicePrimaryCtxRetain(&ctx, 0));
+        DRV(cuCtxSetCurrent(ctx));
+        Buffer b = allocate(g);
+        EXPECT(vmm_calls() > calls);  // not one of the old context's mappings
+        fill_and_check(b, 0x38);
+        release(b);
+    }
     DRV(cuDevicePrimaryCtxRelease_v2(0));
     return prog::finish(prog::Json()
                             .num("allocs", 0)
