@@ -226,13 +226,22 @@ std::optional<std::string> parse_bool(std::string_view v, bool& out) {
   return std::nullopt;
 }
 
+// A switch: on/off, or a bool's spellings.
+std::optional<std::string> parse_switch(std::string_view v, bool& out) {
+  const std::string_view t = trim(v);
+  if (iequals(t, "on")) out = true;
+  else if (iequals(t, "off")) out = false;
+  else return parse_bool(v, out);
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_vmm_cache(std::string_view v, Config& c) { return parse_switch(v, c.vmm_cache); }
+
 std::optional<std::string> parse_preallocate_grow(std::string_view v, Config& c) {
   return parse_bool(v, c.preallocate_grow);
 }
 
-std::optional<std::string> parse_thread_cache(std::string_view v, Config& c) {
-  return parse_bool(v, c.thread_cache);
-}
+std::optional<std::string> parse_thread_cache(std::string_view v, Config& c) { return parse_switch(v, c.thread_cache); }
 
 std::optional<std::string> parse_chunk(std::string_view v, std::uint64_t& out) {
   std::string why;
@@ -379,9 +388,12 @@ const std::array<OptionInfo, kOptionCount> kOptions = {{
   {"CUPOOL_RELEASE", "duration", "never", "never, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
    "Give a chunk back to the driver once it has been entirely free this long.",
    parse_release},
-  {"CUPOOL_THREAD_CACHE", "bool", "true", "true, false (or 1, 0)",
+  {"CUPOOL_THREAD_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
    "Keep each thread's freed blocks for its next allocation of the same size, without the pool's lock (given back to the pool before it grows or refuses). Off while CUPOOL_RELEASE is set.",
    parse_thread_cache},
+  {"CUPOOL_VMM_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
+   "Keep whole virtual-memory mappings (cuMemCreate + cuMemAddressReserve + cuMemMap) the program frees and hand them back when it asks for the same size again, with no driver call (growth and preallocate only).",
+   parse_vmm_cache},
   {"CUPOOL_TRACE", "path", "unset (no trace)", "a file path; %p becomes the process id, %% a single %",
    "Write a JSON Lines trace of every device allocation to this file (docs/trace-format.md).",
    parse_trace},
@@ -483,10 +495,11 @@ std::string describe(const Config& c) {
   if (limit.empty()) limit = "none";
   return fmt::format(
       "policy={} free={} limit={} preallocate={} preallocate_grow={} growth_chunk={} growth_chunk_max={} "
-      "release={} thread_cache={} trace={} trace_flush_ms={} trace_buffer={} log={}",
+      "release={} thread_cache={} vmm_cache={} trace={} trace_flush_ms={} trace_buffer={} log={}",
       kPolicyNames[static_cast<int>(c.policy)], kFreeNames[static_cast<int>(c.free_mode)], limit,
       format_size_spec(c.preallocate), c.preallocate_grow, format_size(c.growth_chunk), format_size(c.growth_chunk_max),
-      c.release_idle_ns ? format_duration(*c.release_idle_ns) : std::string("never"), c.thread_cache,
+      c.release_idle_ns ? format_duration(*c.release_idle_ns) : std::string("never"), c.thread_cache ? "on" : "off",
+      c.vmm_cache ? "on" : "off",
       c.trace_path.empty() ? std::string("off") : c.trace_path, c.trace_flush_ns / 1'000'000, c.trace_buffer_events,
       c.log_level);
 }
@@ -518,7 +531,7 @@ std::string config_json(const Config& c) {
   out += fmt::format(",\"preallocate_grow\":{},\"growth_chunk\":{},\"growth_chunk_max\":{},\"release_idle_ns\":",
                      c.preallocate_grow, c.growth_chunk, c.growth_chunk_max);
   out += c.release_idle_ns ? fmt::format("{}", *c.release_idle_ns) : std::string("null");
-  out += fmt::format(",\"thread_cache\":{}", c.thread_cache);
+  out += fmt::format(",\"thread_cache\":{},\"vmm_cache\":{}", c.thread_cache, c.vmm_cache);
   out += ",\"trace\":";
   append_json_string(out, c.trace_path);
   out += fmt::format(",\"trace_flush_ns\":{},\"trace_buffer_events\":{},\"log_level\":", c.trace_flush_ns,

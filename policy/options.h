@@ -33,7 +33,7 @@ struct OptionInfo {
   OptionParser parse;
 };
 
-inline constexpr std::size_t kOptionCount = 13;
+inline constexpr std::size_t kOptionCount = 14;
 extern const std::array<OptionInfo, kOptionCount> kOptions;
 
 // A configuration error: the process should refuse to start. `message` is one complete line,

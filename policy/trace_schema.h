@@ -10,7 +10,7 @@ namespace cupool::trace {
 
 // A reader accepts any minor version of its major version and refuses a newer major.
 inline constexpr int kFormatMajor = 1;
-inline constexpr int kFormatMinor = 1;  // 1.1: stream_create, stream_destroy, flags, cached
+inline constexpr int kFormatMinor = 1;  // 1.1: stream_create, stream_destroy, flags, cached, recycled
 inline constexpr std::string_view kFormatName = "cupool-trace";
 
 // What happened. One program-visible allocation is exactly one `alloc` event, whatever path it
@@ -92,6 +92,7 @@ struct Record {
   bool has_stream = false;
   bool has_pool = false;
   bool has_flags = false;
+  bool recycled = false;       // served by cupool's VMM mapping cache, no driver call (key only when true)
 };
 
 // JSON keys, used by writer and reader alike.
@@ -116,6 +117,7 @@ inline constexpr std::string_view quarantined = "quarantined";
 inline constexpr std::string_view cached = "cached";
 inline constexpr std::string_view free_blocks = "free_blocks";
 inline constexpr std::string_view flags = "flags";
+inline constexpr std::string_view recycled = "recycled";  // true: a VMM call served by the mapping cache
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
 }  // namespace key
 

@@ -526,6 +526,10 @@ void TraceWriter::format_event_locked(const trace::Record& r) {
     o.key(tk::free_blocks);
     o.u64(r.pool.free_blocks);
   }
+  if (r.recycled) {
+    o.key(tk::recycled);
+    o.raw("true");
+  }
   o.raw("}\n");
   buf_used_ = static_cast<std::size_t>(o.p - buf_.get());
   ++events_;

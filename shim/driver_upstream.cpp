@@ -55,6 +55,29 @@ StreamRegistry& streams() {
   return *registry;
 }
 
+namespace {
+// Makes `ctx` current for a scope if it is not: a free may come from a thread with another
+// context current, or none (the VMM cache fences a mapping on the thread of its last free), and
+// an event recorded or a synchronize done there would not cover the pool's context.
+class ContextScope {
+ public:
+  explicit ContextScope(CUcontext ctx) {
+    CUcontext cur = nullptr;
+    if (driver().ctx_get_current(&cur) == CUDA_SUCCESS && cur != ctx && ctx != nullptr)
+      pushed_ = driver().ctx_push(ctx) == CUDA_SUCCESS;
+  }
+  ~ContextScope() {
+    CUcontext popped = nullptr;
+    if (pushed_) driver().ctx_pop(&popped);
+  }
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+
+ private:
+  bool pushed_ = false;
+};
+}  // namespace
+
 DriverUpstream::DriverUpstream(CUcontext ctx, CUdevice device) : ctx_(ctx), device_(device) {}
 
 DriverUpstream::~DriverUpstream() {
@@ -89,13 +112,16 @@ void DriverUpstream::device_memory(std::size_t* total, std::size_t* free) {
 }
 
 void DriverUpstream::synchronize() {
-  if (!detached_) driver().ctx_synchronize();
+  if (detached_) return;
+  ContextScope scope(ctx_);
+  driver().ctx_synchronize();
 }
 
 bool DriverUpstream::needs_fences() { return streams().concurrent(); }
 
 FenceId DriverUpstream::place_fence() {
   if (detached_) return 0;
+  ContextScope scope(ctx_);
   std::vector<CUstream> targets = streams().non_blocking(ctx_);
   // The legacy default stream waits for every blocking stream, so one event there covers them.
   targets.push_back(CU_STREAM_LEGACY);

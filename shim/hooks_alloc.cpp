@@ -5,7 +5,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "device_pool.h"
@@ -15,6 +18,7 @@
 #include "shim_state.h"
 #include "thread_id.h"
 #include "units.h"
+#include "vmm_cache.h"
 
 namespace cupool::shim {
 namespace {
@@ -112,9 +116,13 @@ void set_runtime_last_error_oom() {
   }
 }
 
+std::uint64_t vmm_evict(ContextPool* cp);
+std::uint64_t vmm_free_bytes(ContextPool* cp);
+
 // Serves an allocation from the pool. Returns 0 and the pointer, or the OOM class.
 AllocResult pool_allocate(ContextPool* cp, std::size_t size, const char* api, trace::PoolState* state) {
   AllocResult r = cp->pool->allocate(size, state);
+  if (r.ptr == 0 && vmm_evict(cp) > 0) r = cp->pool->allocate(size, state);  // kept VMM mappings first
   if (r.ptr == 0) warn_oom(cp, api, size, r.oom == OomClass::none ? OomClass::device : r.oom);
   return r;
 }
@@ -124,16 +132,67 @@ void forget_external(std::uint64_t key, std::uint64_t* bytes, ContextPool** owne
   if (external_remove(key, bytes, owner) && *owner) (*owner)->pool->uncharge_external(*bytes);
 }
 
+// The real calls of the VMM mapping cache: giving a kept mapping back, or making the driver's
+// state match what the program believes. A released handle is uncharged like the program's own.
+class RealVmm final : public VmmDriver {
+ public:
+  void unmap(std::uint64_t va, std::uint64_t size) override {
+    if (auto f = CUPOOL_REAL(cuMemUnmap)) f(va, size);
+  }
+  void release(std::uint64_t handle) override {
+    auto f = CUPOOL_REAL(cuMemRelease);
+    std::uint64_t bytes = 0;
+    ContextPool* owner = nullptr;
+    if (f && f(handle) == CUDA_SUCCESS) forget_external(handle, &bytes, &owner);
+  }
+  void address_free(std::uint64_t va, std::uint64_t size) override {
+    if (auto f = CUPOOL_REAL(cuMemAddressFree)) f(va, size);
+  }
+};
+
+std::atomic<VmmCache*> g_vmm_cache{nullptr};
+
+VmmCache* make_vmm_cache() {
+  static RealVmm* real = new RealVmm;  // never destroyed: hooks may run during exit
+  return new VmmCache(*real, config().free_mode);
+}
+
+// The process's VMM mapping cache, or nullptr when it is off (passthrough, CUPOOL_VMM_CACHE=off).
+VmmCache* vmm_cache() {
+  if (!pooled() || !config().vmm_cache) return nullptr;
+  VmmCache* c = g_vmm_cache.load(std::memory_order_acquire);
+  if (c) return c;
+  VmmCache* fresh = make_vmm_cache();
+  if (g_vmm_cache.compare_exchange_strong(c, fresh, std::memory_order_acq_rel)) return fresh;
+  delete fresh;
+  return c;
+}
+
+// Memory pressure: the context's free mappings go back to the driver (and off the cap).
+std::uint64_t vmm_evict(ContextPool* cp) {
+  VmmCache* c = cp ? g_vmm_cache.load(std::memory_order_acquire) : nullptr;
+  return c ? c->evict_free(cp->upstream) : 0;
+}
+
+std::uint64_t vmm_free_bytes(ContextPool* cp) {
+  VmmCache* c = cp ? g_vmm_cache.load(std::memory_order_acquire) : nullptr;
+  return c ? c->free_bytes(cp->upstream) : 0;
+}
+
 // Runs a driver allocation outside the pools (managed, stream-ordered, VMM, passthrough),
 // charging the cap first. `call` returns the API's code; `ok`/`oom` are that API's codes.
 template <typename Code, typename Call>
 Code external_allocate(ContextPool* cp, std::uint64_t bytes, Code ok, Code oom, const char* api,
                        std::uint64_t* key, Call&& call) {
-  if (cp && !cp->pool->try_charge_external(bytes)) {
+  // Free VMM mappings the cache keeps are charged: past the cap, they go back first.
+  if (cp && vmm_free_bytes(cp) > 0 && cp->pool->state().reserved + cp->pool->external() + bytes > cp->pool->cap())
+    vmm_evict(cp);
+  if (cp && !cp->pool->try_charge_external(bytes) && !(vmm_evict(cp) > 0 && cp->pool->try_charge_external(bytes))) {
     warn_oom(cp, api, bytes, OomClass::limit);
     return oom;
   }
   Code rc = call();
+  if (rc == oom && vmm_evict(cp) > 0) rc = call();  // the driver itself is short: the same
   if (rc == ok) {
     external_add(*key, bytes, cp);
   } else if (cp) {
@@ -145,6 +204,15 @@ Code external_allocate(ContextPool* cp, std::uint64_t bytes, Code ok, Code oom, 
 std::uint64_t round_pitch(std::size_t width) { return (width + 511) & ~std::uint64_t{511}; }
 
 }  // namespace
+
+void vmm_drop_context(ContextPool* cp) {
+  if (VmmCache* c = g_vmm_cache.load(std::memory_order_acquire)) c->abandon(cp->upstream);
+}
+
+// The parent's mappings are not the child's (CUDA does not survive fork); its lock may be held.
+void vmm_after_fork_child() {
+  if (g_vmm_cache.load(std::memory_order_acquire)) g_vmm_cache.store(make_vmm_cache(), std::memory_order_release);
+}
 
 namespace impl {
 
@@ -328,6 +396,7 @@ bool pool_mem_info(ContextPool* cp, size_t* free, size_t* total) {
   if (cp == nullptr || free == nullptr || total == nullptr) return false;
   if (!pooled() && !config().limit.for_device(cp->device)) return false;  // pure passthrough
   cp->pool->mem_info(free, total);
+  *free = std::min<std::uint64_t>(*total, *free + vmm_free_bytes(cp));  // kept VMM mappings are free to it
   return true;
 }
 }  // namespace
@@ -511,6 +580,39 @@ CUresult cuMemFreeAsync_ptsz(Path path, CUdeviceptr dptr, CUstream stream) {
 }
 
 // ---- Driver: virtual memory. Physical memory (cuMemCreate) counts against the cap. -----------
+// Under growth and preallocate, whole mappings (one handle over one reservation of its size) are
+// recycled by the VmmCache (policy/vmm_cache.h): a call it serves makes no driver call and its
+// event says "recycled". Anything else goes to the driver as before.
+
+namespace {
+
+// Packs what must be equal for a mapping to be reused.
+VmmProps pack_props(const CUmemAllocationProp& p) {
+  VmmProps k;
+  k.w[0] = static_cast<std::uint64_t>(p.type) | (static_cast<std::uint64_t>(p.requestedHandleTypes) << 32);
+  k.w[1] = static_cast<std::uint64_t>(p.location.type) |
+           (static_cast<std::uint64_t>(static_cast<std::uint32_t>(p.location.id)) << 32);
+  static_assert(sizeof p.allocFlags <= sizeof k.w[2]);
+  std::memcpy(&k.w[2], &p.allocFlags, sizeof p.allocFlags);
+  k.w[3] = reinterpret_cast<std::uintptr_t>(p.win32HandleMetaData);
+  return k;
+}
+
+VmmAccess pack_access(const CUmemAccessDesc* desc, size_t count) {
+  VmmAccess a;
+  if (desc == nullptr || count == 0 || count > VmmAccess::kMax) {
+    a.count = VmmAccess::kMax + 1;  // never served from the cache
+    return a;
+  }
+  a.count = static_cast<std::uint32_t>(count);
+  for (size_t i = 0; i < count; ++i)
+    a.w[i] = (static_cast<std::uint64_t>(desc[i].location.type) << 48) |
+             (static_cast<std::uint64_t>(static_cast<std::uint16_t>(desc[i].location.id)) << 32) |
+             static_cast<std::uint32_t>(desc[i].flags);
+  return a;
+}
+
+}  // namespace
 
 CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                      unsigned long long flags) {
@@ -520,14 +622,29 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
   initialize();
   Event ev(EventKind::vmm_create, "cuMemCreate", path);
   ContextPool* cp = driver_pool();
-  std::uint64_t key = 0;
-  CUresult rc = external_allocate(cp, size, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate", &key, [&] {
+  VmmCache* cache = vmm_cache();
+  // Recycled only on the device of the context, whose fences cover the work that used it.
+  const bool cacheable = cache && cp && prop && flags == 0 && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+                         prop->location.id == cp->device;
+  VmmProps key;
+  if (cacheable) {
+    key = pack_props(*prop);
+    if (const std::uint64_t h = cache->take(cp->upstream, size, key)) {
+      *handle = h;
+      ev.r.recycled = true;
+      ev.done(CUDA_SUCCESS, size, h, cp);
+      return CUDA_SUCCESS;
+    }
+  }
+  std::uint64_t key_handle = 0;
+  CUresult rc = external_allocate(cp, size, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate", &key_handle, [&] {
     CUresult r = real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
-    key = *handle;
+    key_handle = *handle;
     return r;
   });
+  if (rc == CUDA_SUCCESS && cacheable) cache->created(cp->upstream, key_handle, size, key);
   if (cp == nullptr && prop) ev.r.device = static_cast<std::int16_t>(prop->location.id);
-  ev.done(rc, size, rc == CUDA_SUCCESS ? key : 0, cp);
+  ev.done(rc, size, rc == CUDA_SUCCESS ? key_handle : 0, cp);
   return rc;
 }
 
@@ -537,6 +654,14 @@ CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
   if (!scope.outermost()) return real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
   initialize();
   Event ev(EventKind::vmm_release, "cuMemRelease", path);
+  if (VmmCache* cache = vmm_cache()) {
+    std::uint64_t size = 0;
+    if (cache->release(handle, &size) == VmmCache::Verdict::served) {
+      ev.r.recycled = true;  // kept, and still charged, until it is reused or given back
+      ev.done(CUDA_SUCCESS, size, handle, driver_pool());
+      return CUDA_SUCCESS;
+    }
+  }
   CUresult rc = real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
   std::uint64_t bytes = 0;
   ContextPool* owner = nullptr;
@@ -545,53 +670,135 @@ CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
   return rc;
 }
 
-namespace {
-// Address-space and mapping calls are recorded, never changed.
-template <typename Call>
-CUresult recorded(Path path, EventKind kind, const char* api, std::uint64_t size, Call&& call,
-                  std::uint64_t (*ptr_after)(void*), void* arg) {
-  HookScope scope;
-  if (!scope.outermost()) return call();
-  initialize();
-  Event ev(kind, api, path);
-  CUresult rc = call();
-  ContextPool* cp = driver_pool();
-  ev.done(rc, size, ptr_after(arg), cp);
-  return rc;
-}
-std::uint64_t value_of(void* p) { return *static_cast<std::uint64_t*>(p); }
-}  // namespace
-
+// Address-space and mapping calls: recorded; the cache may serve them.
 CUresult cuMemMap(Path path, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                   unsigned long long flags) {
+  HookScope scope;
   auto real = CUPOOL_REAL(cuMemMap);
-  return recorded(path, EventKind::vmm_map, "cuMemMap", size,
-                  [&] { return real ? real(ptr, size, offset, handle, flags) : CUDA_ERROR_NOT_INITIALIZED; }, value_of, &ptr);
+  auto call = [&] { return real ? real(ptr, size, offset, handle, flags) : CUDA_ERROR_NOT_INITIALIZED; };
+  if (!scope.outermost()) return call();
+  initialize();
+  Event ev(EventKind::vmm_map, "cuMemMap", path);
+  VmmCache* cache = vmm_cache();
+  CUresult rc;
+  if (cache && flags == 0 && cache->map(ptr, size, offset, handle) == VmmCache::Verdict::served) {
+    ev.r.recycled = true;
+    rc = CUDA_SUCCESS;
+  } else {
+    rc = call();
+    if (cache && rc == CUDA_SUCCESS) cache->map_done(ptr, size, offset, handle);
+  }
+  ev.done(rc, size, ptr, driver_pool());
+  return rc;
 }
 
 CUresult cuMemUnmap(Path path, CUdeviceptr ptr, size_t size) {
+  HookScope scope;
   auto real = CUPOOL_REAL(cuMemUnmap);
-  return recorded(path, EventKind::vmm_unmap, "cuMemUnmap", size,
-                  [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; }, value_of, &ptr);
+  auto call = [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; };
+  if (!scope.outermost()) return call();
+  initialize();
+  Event ev(EventKind::vmm_unmap, "cuMemUnmap", path);
+  VmmCache* cache = vmm_cache();
+  CUresult rc;
+  if (cache && cache->unmap(ptr, size) == VmmCache::Verdict::served) {
+    ev.r.recycled = true;
+    rc = CUDA_SUCCESS;
+  } else {
+    rc = call();
+  }
+  ev.done(rc, size, ptr, driver_pool());
+  return rc;
+}
+
+// Not an event of its own: the mapping's events say enough.
+CUresult cuMemSetAccess(Path, CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemSetAccess);
+  auto call = [&] { return real ? real(ptr, size, desc, count) : CUDA_ERROR_NOT_INITIALIZED; };
+  if (!scope.outermost()) return call();
+  initialize();
+  VmmCache* cache = vmm_cache();
+  if (cache == nullptr) return call();
+  const VmmAccess access = pack_access(desc, count);
+  if (cache->set_access(ptr, size, access) == VmmCache::Verdict::served) return CUDA_SUCCESS;
+  CUresult rc = call();
+  if (rc == CUDA_SUCCESS) cache->set_access_done(ptr, size, access);
+  return rc;
 }
 
 CUresult cuMemAddressReserve(Path path, CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
                              unsigned long long flags) {
+  HookScope scope;
   auto real = CUPOOL_REAL(cuMemAddressReserve);
+  auto call = [&] { return real ? real(ptr, size, alignment, addr, flags) : CUDA_ERROR_NOT_INITIALIZED; };
+  if (!scope.outermost()) return call();
+  initialize();
+  Event ev(EventKind::va_reserve, "cuMemAddressReserve", path);
+  VmmCache* cache = vmm_cache();
+  CUresult rc = CUDA_ERROR_INVALID_VALUE;
   CUdeviceptr out = 0;
-  CUresult rc = recorded(path, EventKind::va_reserve, "cuMemAddressReserve", size, [&] {
-    if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-    CUresult r = real(ptr, size, alignment, addr, flags);
-    if (r == CUDA_SUCCESS && ptr) out = *ptr;
-    return r;
-  }, value_of, &out);
+  bool served = false;
+  if (cache && ptr && addr == 0 && flags == 0) {
+    if (const std::uint64_t va = cache->reserve(size, alignment)) {
+      *ptr = out = va;
+      rc = CUDA_SUCCESS;
+      served = true;
+      ev.r.recycled = true;
+    }
+  }
+  if (!served) {
+    if (cache && addr != 0) cache->before_reserve_at(addr, size);
+    rc = call();
+    if (rc == CUDA_SUCCESS && ptr) {
+      out = *ptr;
+      if (cache && flags == 0) cache->reserved(out, size);
+    }
+  }
+  ev.done(rc, size, out, driver_pool());  // the reserved address (was 0x0: an aliasing bug)
   return rc;
 }
 
 CUresult cuMemAddressFree(Path path, CUdeviceptr ptr, size_t size) {
+  HookScope scope;
   auto real = CUPOOL_REAL(cuMemAddressFree);
-  return recorded(path, EventKind::va_free, "cuMemAddressFree", size,
-                  [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; }, value_of, &ptr);
+  auto call = [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; };
+  if (!scope.outermost()) return call();
+  initialize();
+  Event ev(EventKind::va_free, "cuMemAddressFree", path);
+  VmmCache* cache = vmm_cache();
+  CUresult rc;
+  if (cache && cache->address_free(ptr, size) == VmmCache::Verdict::served) {
+    ev.r.recycled = true;
+    rc = CUDA_SUCCESS;
+  } else {
+    rc = call();
+  }
+  ev.done(rc, size, ptr, driver_pool());
+  return rc;
+}
+
+// A handle shared with another process lives on there: it must never be recycled here.
+CUresult cuMemExportToShareableHandle(Path, void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemExportToShareableHandle);
+  if (scope.outermost()) {
+    initialize();
+    if (VmmCache* cache = vmm_cache()) cache->pin_handle(handle);
+  }
+  return real ? real(shareableHandle, handle, handleType, flags) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+// A retained handle is released once more by the program: its calls go to the driver from now on.
+CUresult cuMemRetainAllocationHandle(Path, CUmemGenericAllocationHandle* handle, void* addr) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemRetainAllocationHandle);
+  if (scope.outermost()) {
+    initialize();
+    if (VmmCache* cache = vmm_cache()) cache->pin_address(reinterpret_cast<std::uintptr_t>(addr));
+  }
+  return real ? real(handle, addr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 }  // namespace impl

@@ -62,6 +62,10 @@ CUPOOL_EXPORT(CUresult, cuMemUnmap, (CUdeviceptr p, size_t n), p, n)
 CUPOOL_EXPORT(CUresult, cuMemAddressReserve,
               (CUdeviceptr* p, size_t n, size_t align, CUdeviceptr addr, unsigned long long f), p, n, align, addr, f)
 CUPOOL_EXPORT(CUresult, cuMemAddressFree, (CUdeviceptr p, size_t n), p, n)
+CUPOOL_EXPORT(CUresult, cuMemSetAccess, (CUdeviceptr p, size_t n, const CUmemAccessDesc* d, size_t c), p, n, d, c)
+CUPOOL_EXPORT(CUresult, cuMemExportToShareableHandle,
+              (void* sh, CUmemGenericAllocationHandle h, CUmemAllocationHandleType t, unsigned long long f), sh, h, t, f)
+CUPOOL_EXPORT(CUresult, cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle* h, void* a), h, a)
 CUPOOL_EXPORT(CUresult, cuMemGetAddressRange_v2, (CUdeviceptr* b, size_t* n, CUdeviceptr p), b, n, p)
 CUPOOL_EXPORT(CUresult, cuPointerGetAttribute, (void* d, CUpointer_attribute a, CUdeviceptr p), d, a, p)
 CUPOOL_EXPORT(CUresult, cuPointerGetAttributes,

@@ -79,6 +79,7 @@ void fork_child() {
     g_slot_pool[i]->pool->abandon();
     g_slot_ctx[i].store(kDroppedContext);
   }
+  vmm_after_fork_child();
   g_external->clear();
   g_external_mutex.unlock();
   g_pools_mutex.unlock();
@@ -231,6 +232,7 @@ void drop_slot(int i, const char* api) {
   g_slot_ctx[i].store(kDroppedContext, std::memory_order_release);
   cp->upstream->detach();
   cp->pool->abandon();
+  vmm_drop_context(cp);
   if (tracing()) {
     trace::Record r;
     r.t_ns = now_ns();

@@ -58,6 +58,11 @@ ContextPool* pool_owning(std::uint64_t ptr);
 void drop_context(CUcontext ctx, const char* api);
 void drop_primary_context(int device, const char* api);
 
+// The VMM mapping cache (hooks_alloc.cpp): a context went away, forget its mappings without
+// driver calls; a fork child starts with an empty cache.
+void vmm_drop_context(ContextPool* cp);
+void vmm_after_fork_child();
+
 // Memory the process holds outside the pools (passthrough, managed, stream-ordered, VMM):
 // counted against the cap, remembered so that its free can be sized and uncharged.
 void external_add(std::uint64_t key, std::uint64_t bytes, ContextPool* owner);

@@ -4,7 +4,7 @@ test/gpu/run_all.sh after it has built the CUDA programs. Writes results.json an
 to OUT and prints a short table.
 
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
-Groups: compat, inflight, bench, steps, policies.
+Groups: compat, inflight, bench, steps, vmm, policies.
 """
 import json
 import os
@@ -49,6 +49,8 @@ def trace_summary(path):
             s["events"] += 1
             key = f'{r["ev"]}:{r["api"]}:{r["path"]}' + ("" if r.get("rc", 0) == 0 else f':rc{r["rc"]}')
             s["by_api"][key] = s["by_api"].get(key, 0) + 1
+            if r.get("recycled"):  # a VMM call cupool's mapping cache served
+                s.setdefault("recycled", {})[r["ev"]] = s.get("recycled", {}).get(r["ev"], 0) + 1
             if r.get("reserved") is not None:
                 s["peak_reserved"] = max(s["peak_reserved"], r["reserved"])
                 s["peak_in_use"] = max(s["peak_in_use"], r.get("in_use", 0))
@@ -187,6 +189,34 @@ if wanted("steps"):
     run("step-jax-platform-nocupool", [PY, JAX_MLP], {"MODE": "platform", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})
     run("step-jax-platform-growth-deferred", [PY, JAX_MLP], {"MODE": "platform+cupool",
         "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
+
+# ---- VMM mapping cache: XLA's platform allocator as fast as its BFC pool, same results ------------
+if wanted("vmm"):
+    JAX_VMM = [PY, os.path.join(HERE, "jax_vmm_check.py")]
+    det = {"XLA_FLAGS": "--xla_gpu_autotune_level=0 --xla_gpu_deterministic_ops=true"}
+    platform = dict(det, XLA_PYTHON_CLIENT_ALLOCATOR="platform")
+    runs = [
+        run("vmm-jax-bfc-nocupool", JAX_VMM, dict(det, MODE="bfc")),
+        run("vmm-jax-platform-nocupool", JAX_VMM, dict(platform, MODE="platform")),
+        run("vmm-jax-platform-growth-deferred", JAX_VMM, dict(platform, MODE="platform+cupool deferred"),
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}),
+        run("vmm-jax-platform-growth-sync", JAX_VMM, dict(platform, MODE="platform+cupool sync"),
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}),
+        run("vmm-jax-platform-growth-deferred-cacheoff", JAX_VMM, dict(platform, MODE="platform+cupool nocache"),
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred", "CUPOOL_VMM_CACHE": "off"}),
+    ]
+    outs = []
+    for r in runs:
+        last = [l for l in r["stdout"].splitlines() if l.startswith("{")]
+        outs.append(json.loads(last[-1]) if last else {})
+    ref = outs[0].get("digest")
+    for r, o in zip(runs, outs):
+        r["vmm_check"] = {"step_ms": o.get("step_ms"), "digest": o.get("digest"), "same_as_bfc": o.get("digest") == ref,
+                          "vs_bfc": round(o["step_ms"] / outs[0]["step_ms"], 2) if o.get("step_ms") and outs[0].get("step_ms") else None}
+        t = r.get("trace")
+        if t:  # how many VMM calls the cache served (the trace's "recycled":true events)
+            r["vmm_check"]["recycled_events"] = sum(v for k, v in t.get("recycled", {}).items())
+        print(f"   {r['name']}: {r['vmm_check']}", flush=True)
 
 # ---- Issue 4: growth vs preallocate vs the frameworks' allocators (docs/policies.md) ----------
 if wanted("policies"):

@@ -23,7 +23,11 @@ EXPECTED_PATHS = {
     "prog_threads": {"symbol"},
     "prog_fork": {"symbol"},
     "prog_ipc": {"symbol"},
+    "prog_vmm_cache": {"symbol"},
 }
+
+# Program counts of virtual-memory calls (successful ones) and the trace events that must match.
+VMM_COUNTS = {"vmm_creates": "vmm_create", "vmm_releases": "vmm_release", "maps": "vmm_map", "unmaps": "vmm_unmap"}
 
 
 def fail(msg):
@@ -60,6 +64,37 @@ def read_trace(path):
     return header, events, footer
 
 
+def check_vmm(name, events, report, policy):
+    """Virtual-memory calls: one event per successful program call, whether the driver or cupool's
+    mapping cache served it; the cache serves only when pooling."""
+    ok = [e for e in events if e["rc"] == 0]
+    for key, ev in VMM_COUNTS.items():
+        if key in report:
+            n = sum(1 for e in ok if e["ev"] == ev)
+            if n != report[key]:
+                fail(f"{name}: program made {report[key]} successful {ev} calls, trace has {n}")
+    if "vmm_bytes" in report:
+        n = sum(e["size"] for e in ok if e["ev"] == "vmm_create")
+        if n != report["vmm_bytes"]:
+            fail(f"{name}: program created {report['vmm_bytes']} VMM bytes, trace has {n}")
+    recycled = [e for e in events if e.get("recycled")]
+    if policy == "passthrough" and recycled:
+        fail(f"{name}: passthrough served VMM calls from the cache: {recycled[0]}")
+    for e in recycled:
+        if e["rc"] != 0:
+            fail(f"recycled event with an error code: {e}")
+    if "steady_vmm_driver_calls" in report:
+        if report.get("cache_expected") != (policy != "passthrough"):
+            fail(f"{name}: the program expected the cache {report.get('cache_expected')} under {policy}")
+        if policy != "passthrough":
+            if report["steady_vmm_driver_calls"] != 0:
+                fail(f"{name}: {report['steady_vmm_driver_calls']} VMM driver calls in the steady steps, expected 0")
+            kinds = {e["ev"] for e in recycled}
+            want = {"vmm_create", "va_reserve", "vmm_map", "vmm_unmap", "vmm_release", "va_free"}
+            if not want <= kinds:
+                fail(f"{name}: no recycled events of {sorted(want - kinds)}")
+
+
 def check_events(name, events, expect_policy):
     live = {}
     allocs = frees = 0
@@ -69,6 +104,8 @@ def check_events(name, events, expect_policy):
         for key in ("t", "tid", "ev", "api", "path", "rc", "dur"):
             if key not in e:
                 fail(f"event without '{key}': {e}")
+        if e["ev"] == "va_reserve" and e["rc"] == 0 and e.get("ptr") == "0x0":
+            fail(f"va_reserve event without the reserved address: {e}")
         if e["ev"] == "alloc" and e["rc"] == 0 and e.get("size", 0) > 0:
             ptr = e["ptr"]
             if ptr in live:
@@ -146,6 +183,7 @@ def main():
             fail(f"{name} exited with {proc.returncode} under policy={a.policy} free={a.free}")
         # Each process that did CUDA work (a forked or re-executed child too) prints its count.
         report = {}
+        extra = {}
         for line in proc.stdout.splitlines():
             try:
                 counts = json.loads(line)
@@ -155,6 +193,7 @@ def main():
                 for k in ("allocs", "frees", "bytes"):
                     if k in counts:
                         report[k] = report.get(k, 0) + counts[k]
+                extra.update({k: v for k, v in counts.items() if k not in ("allocs", "frees", "bytes")})
         if not report:
             fail(f"{name}: no JSON count in the program's output: {proc.stdout[-500:]!r}")
 
@@ -167,6 +206,8 @@ def main():
         for t in own:
             header, events, footer = read_trace(t)
             allocs, frees, nbytes, live = check_events(name, events, a.policy)
+            if len(own) == 1:
+                check_vmm(name, events, extra, a.policy)
             totals[0] += allocs
             totals[1] += frees
             totals[2] += nbytes

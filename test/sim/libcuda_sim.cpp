@@ -168,6 +168,7 @@ State* g_st = new State;
 std::atomic<bool> g_init{false};
 std::atomic<bool> g_poisoned{false};  // forked child of an initialized parent: CUDA unusable
 std::atomic<long> g_alloc_calls{0};
+std::atomic<unsigned long long> g_vmm_calls{0};  // cupoolSimVmmCalls(): VMM driver calls so far
 std::once_flag g_init_once;
 
 thread_local std::vector<Context*> tl_stack;
@@ -1397,6 +1398,7 @@ CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocatio
 CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
                      unsigned long long flags) {
     CHECK_INIT();
+    g_vmm_calls.fetch_add(1);
     if (handle == nullptr || prop == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
@@ -1416,6 +1418,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     CHECK_INIT();
+    g_vmm_calls.fetch_add(1);
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = g_st->phys.find(handle);
     if (it == g_st->phys.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
@@ -1426,6 +1429,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 
 CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags) {
     CHECK_INIT();
+    g_vmm_calls.fetch_add(1);
     if (ptr == nullptr || size == 0 || size % kGranularity != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (alignment == 0) alignment = kGranularity;
     if ((alignment & (alignment - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;
@@ -1456,6 +1460,7 @@ CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CU
 
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
     CHECK_INIT();
+    g_vmm_calls.fetch_add(1);
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = g_st->reservations.find(static_cast<uintptr_t>(ptr));
     if (it == g_st->reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
@@ -1468,6 +1473,7 @@ CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 
 CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle, unsigned long long flags) {
     CHECK_INIT();
+    g_vmm_calls.fetch_add(1);
     if (flags != 0 || size == 0 || size % kGranularity != 0 || ptr % kGranularity != 0 || offset % kGranularity != 0)
         return CUDA_ERROR_INVALID_VALUE;
     std::lock_guard<std::mutex> lk(g_mu);
@@ -1495,6 +1501,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
 
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     CHECK_INIT();
+    g_vmm_calls.fetch_add(1);
     std::lock_guard<std::mutex> lk(g_mu);
     // [ptr, ptr+size) must be exactly covered by whole mappings
     auto it = g_st->mappings.find(static_cast<uintptr_t>(ptr));
@@ -1524,6 +1531,7 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
     CHECK_INIT();
+    g_vmm_calls.fetch_add(1);
     if (desc == nullptr || count == 0 || size == 0) return CUDA_ERROR_INVALID_VALUE;
     unsigned long long fl = CU_MEM_ACCESS_FLAGS_PROT_NONE;
     for (size_t i = 0; i < count; ++i) {
@@ -1620,6 +1628,10 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
     *handle = mt->second.handle;
     return CUDA_SUCCESS;  // the sim does not count the extra reference
 }
+
+// Test hook (not a CUDA function): how many VMM calls (cuMemCreate, cuMemRelease, cuMemAddressReserve,
+// cuMemAddressFree, cuMemMap, cuMemUnmap, cuMemSetAccess) reached the simulated driver.
+__attribute__((visibility("default"))) unsigned long long cupoolSimVmmCalls(void) { return g_vmm_calls.load(); }
 
 // ---------------------------------------------------------------- streams
 

@@ -70,7 +70,7 @@ TEST_CASE("the table names every variable once, with everything filled in", "[op
     CHECK(!o.meaning.empty());
     CHECK(o.parse != nullptr);
   }
-  CHECK(names.size() == 13);
+  CHECK(names.size() == 14);
 }
 
 TEST_CASE("CUPOOL_POLICY", "[options]") {
@@ -196,6 +196,16 @@ TEST_CASE("CUPOOL_PREALLOCATE and CUPOOL_PREALLOCATE_GROW", "[options]") {
         "cupool: CUPOOL_PREALLOCATE_GROW=\"yes please\" is not valid; accepted: true, false (or 1, 0)");
 }
 
+TEST_CASE("CUPOOL_VMM_CACHE", "[options]") {
+  CHECK(ok({}).vmm_cache);
+  CHECK(ok({{"CUPOOL_VMM_CACHE", "on"}}).vmm_cache);
+  CHECK(ok({{"CUPOOL_VMM_CACHE", "TRUE"}}).vmm_cache);
+  CHECK(!ok({{"CUPOOL_VMM_CACHE", "off"}}).vmm_cache);
+  CHECK(!ok({{"CUPOOL_VMM_CACHE", "0"}}).vmm_cache);
+  CHECK(error({{"CUPOOL_VMM_CACHE", "maybe"}}) ==
+        "cupool: CUPOOL_VMM_CACHE=\"maybe\" is not valid; accepted: on, off (or true, false, 1, 0)");
+}
+
 TEST_CASE("CUPOOL_RELEASE", "[options]") {
   CHECK(!ok({{"CUPOOL_RELEASE", "never"}}).release_idle_ns);
   CHECK(*ok({{"CUPOOL_RELEASE", "30s"}}).release_idle_ns == 30'000'000'000ull);
@@ -257,7 +267,7 @@ TEST_CASE("describe and config_json", "[options]") {
   const Config c = ok({{"CUPOOL_LIMIT", "8GiB,1:50%"}, {"CUPOOL_RELEASE", "30s"}, {"CUPOOL_TRACE", "/tmp/a \"b\".jsonl"}});
   CHECK(describe(c) ==
         "policy=growth free=sync limit=8GiB,1:50% preallocate=75% preallocate_grow=false growth_chunk=32MiB "
-        "growth_chunk_max=512MiB release=30s thread_cache=true trace=/tmp/a \"b\".jsonl trace_flush_ms=100 trace_buffer=16384 log=info");
+        "growth_chunk_max=512MiB release=30s thread_cache=on vmm_cache=on trace=/tmp/a \"b\".jsonl trace_flush_ms=100 trace_buffer=16384 log=info");
   CHECK(describe(ok({})).find("limit=none") != std::string::npos);
   CHECK(describe(ok({})).find("release=never") != std::string::npos);
 

@@ -258,6 +258,27 @@ TEST_CASE("every field of every kind of event round-trips", "[trace]") {
   CHECK(events.back().tid == static_cast<std::uint32_t>(gettid()));
 }
 
+TEST_CASE("an event the VMM mapping cache served says \"recycled\":true; others have no such key", "[trace]") {
+  TempDir dir;
+  auto w = open_writer(trace_config(dir.path + "/t.jsonl"));
+  trace::Record served = make_record(0, 1), real = make_record(0, 2);
+  served.kind = real.kind = trace::EventKind::vmm_create;
+  served.recycled = true;
+  w->record(served);
+  w->record(real);
+  w->close();
+  std::ifstream in(w->path());
+  std::vector<nlohmann::json> events;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "event") events.push_back(j);
+  }
+  REQUIRE(events.size() == 2);
+  CHECK(events[0]["recycled"] == true);
+  CHECK_FALSE(events[1].contains("recycled"));
+  CHECK(read_all(w->path()).size() == 2);  // readers of 1.0 skip the key
+}
+
 TEST_CASE("a full ring drops events, counts them, and says so", "[trace]") {
   TempDir dir;
   auto w = open_writer(trace_config(dir.path + "/t.jsonl", /*ring=*/4));
