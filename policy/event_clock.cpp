@@ -120,7 +120,9 @@ namespace {
 
 std::uint64_t read_tsc() { return __rdtsc(); }
 
-TscFit g_tsc_fit(&read_tsc, &monotonic_ns);
+// Constant-initialized: the shim reads the clock from its load-time constructor, which may run
+// before this file's dynamic initializers.
+constinit TscFit g_tsc_fit(&read_tsc, &monotonic_ns);
 std::atomic<int> g_mode{-1};  // -1 not decided, 0 clock_gettime, 1 TSC
 std::once_flag g_once;
 

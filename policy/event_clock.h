@@ -25,7 +25,7 @@ class TscFit {
   static constexpr std::uint64_t kLeadNs = 1'000'000;    // a new piece starts this far after its sample
   static constexpr std::uint64_t kCalibrateNs = 2'000'000;
 
-  TscFit(Source ticks, Source ns) : ticks_(ticks), ns_(ns) {}
+  constexpr TscFit(Source ticks, Source ns) : ticks_(ticks), ns_(ns) {}
   bool calibrate();  // ~kCalibrateNs of sampling; false if the counter does not advance
   std::uint64_t now();
 
