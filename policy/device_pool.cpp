@@ -723,6 +723,11 @@ bool DevicePool::try_charge_external(std::size_t bytes) {
   return false;
 }
 
+bool DevicePool::has_room(std::size_t bytes) const {
+  Lock lk(mu_);
+  return bytes <= headroom();
+}
+
 void DevicePool::uncharge_external(std::size_t bytes) {
   Lock lk(mu_);
   external_ -= std::min<std::uint64_t>(external_, bytes);

@@ -63,6 +63,7 @@ class DevicePool {
   // Memory the process holds outside the pool (passthrough, VMM, stream-ordered) counts against
   // the cap. try_charge_external gives back wholly free chunks before it refuses.
   bool try_charge_external(std::size_t bytes);
+  bool has_room(std::size_t bytes) const;  // under the cap as things stand (nothing given back)
   void uncharge_external(std::size_t bytes);
 
   void trim();     // give back every wholly free chunk (the preallocated one too)

@@ -50,6 +50,9 @@ class VmmCache {
  public:
   // What the shim does with a call: nothing more (the cache served it), or the real call.
   enum class Verdict { served, forward };
+  // Deferred mode: mappings of one size (in use or free) before a cuMemCreate of that size waits
+  // for a fence of a freed one instead of creating another (bounds what the host's lead costs).
+  static constexpr std::size_t kMaxPerKey = 32;
 
   struct Stats {
     std::uint64_t entries = 0;      // mappings held (in use by the program or free)
@@ -69,7 +72,9 @@ class VmmCache {
   // A free mapping of this owner, size and props whose reuse is safe: its handle (the program
   // now holds it), or 0 (create for real, then call created()). May synchronize or wait for a
   // fence of `owner`, as the free mode says.
-  std::uint64_t take(Upstream* owner, std::uint64_t size, const VmmProps& props);
+  // `room`: whether the cap leaves room for a new mapping of `size`; without it, deferred mode
+  // waits for a fence of a freed mapping rather than create one (and have the cap evict).
+  std::uint64_t take(Upstream* owner, std::uint64_t size, const VmmProps& props, bool room = true);
   // A real cuMemCreate succeeded: the handle may become part of a mapping.
   void created(Upstream* owner, std::uint64_t handle, std::uint64_t size, const VmmProps& props);
 
@@ -166,6 +171,7 @@ class VmmCache {
   std::unordered_map<std::uint64_t, std::uint64_t> by_handle_;  // handle -> id
   std::map<std::uint64_t, std::uint64_t> by_va_;                // va -> id
   std::map<Key, std::vector<std::uint64_t>> free_;              // free mappings (any stage but used)
+  std::map<Key, std::size_t> per_key_;                          // mappings by key, in use or free
   std::unordered_map<std::uint64_t, Candidate> cand_handles_;   // created, not yet mapped
   std::unordered_map<std::uint64_t, std::uint64_t> cand_vas_;   // reserved (va -> size), not yet mapped
   std::vector<std::uint64_t> pending_;                          // freed, not yet synchronized/fenced

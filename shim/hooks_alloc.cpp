@@ -629,7 +629,7 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
   VmmProps key;
   if (cacheable) {
     key = pack_props(*prop);
-    if (const std::uint64_t h = cache->take(cp->upstream, size, key)) {
+    if (const std::uint64_t h = cache->take(cp->upstream, size, key, cp->pool->has_room(size))) {
       *handle = h;
       ev.r.recycled = true;
       ev.done(CUDA_SUCCESS, size, h, cp);
