@@ -454,6 +454,7 @@ std::vector<std::string> unknown_variables(char** environ) {
     const std::string_view entry(*e);
     if (entry.substr(0, 7) != "CUPOOL_") continue;
     const std::string_view name = entry.substr(0, entry.find('='));
+    if (name == kTraceRootVariable) continue;
     const auto it = std::find_if(kOptions.begin(), kOptions.end(), [&](const OptionInfo& o) { return o.name == name; });
     if (it != kOptions.end()) continue;
     std::string_view best;

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>  // getenv, setenv
 #include <cstring>
 
 #include "log.h"
@@ -126,6 +127,18 @@ bool has_pid_placeholder(const std::string& pattern) {
   return false;
 }
 
+// The file this process writes. Without %p in the pattern, a process that another traced
+// process started (an exec'd child: JAX runs ptxas; worker processes) writes "<path>.<pid>", as a
+// forked child does, instead of truncating the file its parent is writing. The first traced
+// process names itself in the environment its children inherit.
+std::string path_for_process(const std::string& pattern, pid_t pid, bool forked_child) {
+  if (has_pid_placeholder(pattern)) return expand_trace_path(pattern, pid);
+  const char* root = std::getenv(kTraceRootVariable);
+  const bool child = forked_child || (root != nullptr && std::to_string(pid) != root);
+  if (root == nullptr) ::setenv(kTraceRootVariable, std::to_string(pid).c_str(), 1);
+  return child ? expand_trace_path(pattern, pid) + "." + std::to_string(pid) : expand_trace_path(pattern, pid);
+}
+
 std::vector<std::string> read_cmdline() {
   std::vector<std::string> args;
   const int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
@@ -201,7 +214,7 @@ struct Out {
 TraceWriter::TraceWriter(const Config& config)
     : config_(config),
       pattern_(config.trace_path),
-      path_(expand_trace_path(config.trace_path, ::getpid())),
+      path_(path_for_process(config.trace_path, ::getpid(), false)),
       id_(g_next_writer_id.fetch_add(1)),
       ring_capacity_(round_up_pow2(config.trace_buffer_events)),
       buf_(new char[kBufferSize]) {
@@ -607,8 +620,7 @@ void TraceWriter::child_after_fork() {
   buf_used_ = 0;
   events_ = dropped_ = allocs_ = frees_ = ooms_ = 0;
   const pid_t pid = ::getpid();
-  path_ = has_pid_placeholder(pattern_) ? expand_trace_path(pattern_, pid)
-                                        : expand_trace_path(pattern_, pid) + "." + std::to_string(pid);
+  path_ = path_for_process(pattern_, pid, true);
   // The parent's rings hold the parent's events: abandon them. Only this thread's ring is
   // still referenced (by this thread, which lets go of it when it next records).
   for (Ring* ring : rings_) {
