@@ -127,15 +127,19 @@ bool has_pid_placeholder(const std::string& pattern) {
   return false;
 }
 
-// The file this process writes. Without %p in the pattern, a process that another traced
-// process started (an exec'd child: JAX runs ptxas; worker processes) writes "<path>.<pid>", as a
-// forked child does, instead of truncating the file its parent is writing. The first traced
-// process names itself in the environment its children inherit.
-std::string path_for_process(const std::string& pattern, pid_t pid, bool forked_child) {
-  if (has_pid_placeholder(pattern)) return expand_trace_path(pattern, pid);
+// Whether this process was started by another traced process (an exec'd child: JAX runs ptxas
+// dozens of times; worker processes). The first traced process names itself in the environment
+// its children inherit.
+bool started_by_traced_process(pid_t pid) {
   const char* root = std::getenv(kTraceRootVariable);
-  const bool child = forked_child || (root != nullptr && std::to_string(pid) != root);
   if (root == nullptr) ::setenv(kTraceRootVariable, std::to_string(pid).c_str(), 1);
+  return root != nullptr && std::to_string(pid) != root;
+}
+
+// The file this process writes. Without %p in the pattern, a child (forked, or started) writes
+// "<path>.<pid>" instead of truncating the file its parent is writing.
+std::string path_for_process(const std::string& pattern, pid_t pid, bool child) {
+  if (has_pid_placeholder(pattern)) return expand_trace_path(pattern, pid);
   return child ? expand_trace_path(pattern, pid) + "." + std::to_string(pid) : expand_trace_path(pattern, pid);
 }
 
@@ -214,7 +218,8 @@ struct Out {
 TraceWriter::TraceWriter(const Config& config)
     : config_(config),
       pattern_(config.trace_path),
-      path_(path_for_process(config.trace_path, ::getpid(), false)),
+      started_child_(started_by_traced_process(::getpid())),
+      path_(path_for_process(config.trace_path, ::getpid(), started_child_)),
       id_(g_next_writer_id.fetch_add(1)),
       ring_capacity_(round_up_pow2(config.trace_buffer_events)),
       buf_(new char[kBufferSize]) {
@@ -224,6 +229,9 @@ TraceWriter::TraceWriter(const Config& config)
 std::unique_ptr<TraceWriter> TraceWriter::open(const Config& config, std::string* error) {
   std::unique_ptr<TraceWriter> writer(new TraceWriter(config));
   std::lock_guard lock(writer->out_mu_);
+  // A started child opens its file at its first event or device, as a forked child does: the
+  // dozens of ptxas runs under JAX leave no files.
+  if (writer->started_child_) return writer;
   std::string why;
   if (!writer->open_file_locked(&why)) {
     if (error) *error = why;
@@ -367,7 +375,7 @@ void TraceWriter::ensure_started() {
   if (started_.load(std::memory_order_acquire)) return;
   std::lock_guard lock(out_mu_);
   if (started_.load(std::memory_order_relaxed) || closed_.load(std::memory_order_acquire)) return;
-  if (fd_ < 0 && !io_failed_) {  // a fork child's first event: its own file
+  if (fd_ < 0 && !io_failed_) {  // a child's first event: its own file
     std::string error;
     if (!open_file_locked(&error)) {
       io_failed_ = true;

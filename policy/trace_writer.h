@@ -85,6 +85,7 @@ class TraceWriter final : public EventSink {
 
   const Config config_;
   const std::string pattern_;  // CUPOOL_TRACE as given
+  const bool started_child_;   // started by another traced process: file opened at first use
   std::string path_;
   std::uint64_t id_;  // unique per writer and per process: thread caches compare it
 

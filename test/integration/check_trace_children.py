@@ -30,8 +30,9 @@ with tempfile.TemporaryDirectory() as tmp:
     env["CUPOOL_POLICY"] = "growth"
     env["CUPOOL_LOG_LEVEL"] = "warn"
     env.pop("CUPOOL_TRACE_ROOT_PID", None)
+    # Two programs that use CUDA, and one that does not (it must leave no file).
     starter = f"import subprocess; ps = [subprocess.Popen([{prog!r}]) for _ in range(2)]; " \
-              "raise SystemExit(max(p.wait() for p in ps))"
+              "subprocess.run(['true'], check=True); raise SystemExit(max(p.wait() for p in ps))"
     proc = subprocess.run([sys.executable, "-c", starter], env=env, capture_output=True, text=True, timeout=300)
     if proc.returncode != 0:
         fail(f"the starter exited with {proc.returncode}: {proc.stderr[-2000:]}")
@@ -51,7 +52,7 @@ with tempfile.TemporaryDirectory() as tmp:
         fail(f"the starter's own trace has {len(events)} events; the programs' belong in their own files")
     children = sorted(glob.glob(root + ".*"))
     if len(children) != 2:
-        fail(f"expected one trace per started program, found {children}")
+        fail(f"expected one trace per started CUDA program (none for `true`), found {children}")
     for path, count in zip(children, sorted(counts, key=lambda c: c["allocs"])):
         header, events, footer = read_trace(path)
         allocs = sum(1 for e in events if e["ev"] == "alloc" and e["rc"] == 0 and e["size"] > 0)
