@@ -25,8 +25,9 @@ const DriverCalls& driver() {
   return calls;
 }
 
-void StreamRegistry::created(CUcontext ctx, CUstream stream, unsigned flags) {
+bool StreamRegistry::created(CUcontext ctx, CUstream stream, unsigned flags) {
   std::lock_guard lock(mutex_);
+  const bool was = concurrent_.load(std::memory_order_relaxed);
   if (flags & CU_STREAM_NON_BLOCKING) {
     non_blocking_[stream] = ctx;
     concurrent_.store(true, std::memory_order_relaxed);
@@ -34,6 +35,7 @@ void StreamRegistry::created(CUcontext ctx, CUstream stream, unsigned flags) {
     // A handle seen twice (the runtime's create calls the driver's) counts once.
     concurrent_.store(true, std::memory_order_relaxed);
   }
+  return !was && concurrent_.load(std::memory_order_relaxed);
 }
 
 void StreamRegistry::destroyed(CUstream stream) {

@@ -39,7 +39,8 @@ const DriverCalls& driver();
 // alone makes reuse safe. Per-thread default streams are not seen (docs/design.md says why).
 class StreamRegistry {
  public:
-  void created(CUcontext ctx, CUstream stream, unsigned flags);
+  // True when this stream is the one that lets work overlap for the first time.
+  bool created(CUcontext ctx, CUstream stream, unsigned flags);
   void destroyed(CUstream stream);
   // Sticky: streams destroyed may still have work queued.
   bool concurrent() const { return concurrent_.load(std::memory_order_relaxed); }

@@ -31,7 +31,11 @@ CUcontext current_context() {
 void stream_created(Path path, const char* api, bool outermost, CUstream stream, unsigned flags, std::uint64_t t0,
                     const void* caller) {
   const CUcontext ctx = current_context();
-  streams().created(ctx, stream, flags);
+  // Memory freed while all work was one order was reusable at once, and some of it waits in the
+  // pools (free lists, thread caches, kept VMM mappings) with work still running on it. From
+  // now on the new stream can run beside that work: wait for it once, here, so that nothing
+  // freed before this point is handed to the new stream early.
+  if (streams().created(ctx, stream, flags)) synchronize_all_pools();
   if (!outermost) return;
   if (log_debug_enabled()) {
     Dl_info info{};

@@ -217,6 +217,14 @@ ContextPool* current_pool(CUresult* rc) {
   return create_pool(ctx, rc);
 }
 
+void synchronize_all_pools() {
+  const int n = g_slot_count.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i) {
+    CUcontext c = g_slot_ctx[i].load(std::memory_order_acquire);
+    if (c != kDroppedContext && g_slot_pool[i]) g_slot_pool[i]->upstream->synchronize();
+  }
+}
+
 ContextPool* pool_owning(std::uint64_t ptr) {
   const int n = g_slot_count.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i) {

@@ -56,6 +56,8 @@ ContextPool* current_pool(CUresult* rc);
 ContextPool* pool_owning(std::uint64_t ptr);
 // A context went away: its pool forgets its memory without touching the driver.
 void drop_context(CUcontext ctx, const char* api);
+// Waits for all work of every context that has a pool (once, when streams first overlap).
+void synchronize_all_pools();
 void drop_primary_context(int device, const char* api);
 
 // The VMM mapping cache (hooks_alloc.cpp): a context went away, forget its mappings without

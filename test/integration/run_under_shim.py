@@ -130,7 +130,7 @@ def check_events(name, events, expect_policy):
 
 def check_streams(events, policy, free):
     """prog_streams: two stream_create events; with pools and deferred frees, nothing is quarantined
-    while only one blocking stream exists, and the free after the second one is."""
+    while only one blocking stream exists, and the frees after the second one are."""
     creates = [e for e in events if e["ev"] == "stream_create"]
     destroys = [e for e in events if e["ev"] == "stream_destroy"]
     if len(creates) != 2 or len(destroys) != 2:
