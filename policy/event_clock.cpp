@@ -19,9 +19,14 @@ std::uint64_t monotonic_ns() {
 // ---- TscFit ------------------------------------------------------------------------------------
 
 std::uint64_t TscFit::apply(std::uint64_t tick, const Piece& p) {
-  if (tick >= p.tick0)
-    return p.ns0 + static_cast<std::uint64_t>((static_cast<unsigned __int128>(tick - p.tick0) * p.mult) >> 32);
-  const auto back = static_cast<std::uint64_t>((static_cast<unsigned __int128>(p.tick0 - tick) * p.mult) >> 32);
+  auto scale = [](std::uint64_t ticks, std::uint64_t mult) {
+    return static_cast<std::uint64_t>((static_cast<unsigned __int128>(ticks) * mult) >> 32);
+  };
+  if (tick >= p.tick0) {
+    if (tick <= p.end) return p.ns0 + scale(tick - p.tick0, p.mult);
+    return p.ns0 + scale(p.end - p.tick0, p.mult) + scale(tick - p.end, p.rate);
+  }
+  const std::uint64_t back = scale(p.tick0 - tick, p.mult);
   return p.ns0 > back ? p.ns0 - back : 0;
 }
 
@@ -45,19 +50,30 @@ void TscFit::sample(std::uint64_t* tick, std::uint64_t* ns) const {
 }
 
 // Data stores are release and data loads acquire, so a reader that sees any new datum also sees
-// the odd count.
-void TscFit::publish(const Piece& prev, const Piece& cur, std::uint64_t next_refit) {
+// the odd count. Gives up (false) if the counter has reached `not_after` once the count is odd:
+// a refit delayed that long (the thread descheduled) would change the function for ticks that
+// readers may already have converted with the current piece.
+bool TscFit::publish(const Piece& prev, const Piece& cur, std::uint64_t next_refit, std::uint64_t not_after) {
   const std::uint32_t s = seq_.load(std::memory_order_relaxed);
-  seq_.store(s + 1, std::memory_order_relaxed);
+  seq_.store(s + 1, std::memory_order_seq_cst);
+  if (ticks_() >= not_after) {
+    seq_.store(s, std::memory_order_release);
+    return false;
+  }
   constexpr auto rel = std::memory_order_release;
   prev_tick0_.store(prev.tick0, rel);
   prev_ns0_.store(prev.ns0, rel);
   prev_mult_.store(prev.mult, rel);
+  prev_end_.store(prev.end, rel);
+  prev_rate_.store(prev.rate, rel);
   tick0_.store(cur.tick0, rel);
   ns0_.store(cur.ns0, rel);
   mult_.store(cur.mult, rel);
+  end_.store(cur.end, rel);
+  rate_.store(cur.rate, rel);
   next_refit_.store(next_refit, rel);
   seq_.store(s + 2, rel);
+  return true;
 }
 
 bool TscFit::calibrate() {
@@ -69,9 +85,9 @@ bool TscFit::calibrate() {
   const std::uint64_t mult =
       static_cast<std::uint64_t>((static_cast<unsigned __int128>(ns - base_ns_) << 32) / (tick - base_tick_));
   if (mult == 0) return false;
-  const Piece first{tick, ns, mult};
-  publish(first, first, tick + ticks_for(kRefitNs, mult));
-  return true;
+  const std::uint64_t end = tick + ticks_for(kRefitNs, mult);
+  const Piece first{tick, ns, mult, end, mult};
+  return publish(first, first, end, ~std::uint64_t{0});
 }
 
 // Run by the reader that first finds the fit due. The next piece begins kLeadNs from now, where
@@ -91,7 +107,7 @@ void TscFit::refit(const Piece& cur) {
       target > start ? static_cast<std::uint64_t>((static_cast<unsigned __int128>(target - start) << 32) / ticks) : 0;
   if (mult < rate / 2) mult = rate / 2;
   if (mult > rate + rate / 2) mult = rate + rate / 2;
-  publish(cur, Piece{begin, start, mult}, begin + ticks);
+  publish(cur, Piece{begin, start, mult, begin + ticks, rate}, begin + ticks, begin);
 }
 
 std::uint64_t TscFit::now() {
@@ -101,10 +117,14 @@ std::uint64_t TscFit::now() {
     // Read after the sequence: a tick read before a refit the reader then missed could lie
     // before the previous piece.
     const std::uint64_t tick = ticks_();
-    const Piece prev{prev_tick0_.load(acq), prev_ns0_.load(acq), prev_mult_.load(acq)};
-    const Piece cur{tick0_.load(acq), ns0_.load(acq), mult_.load(acq)};
+    const Piece prev{prev_tick0_.load(acq), prev_ns0_.load(acq), prev_mult_.load(acq), prev_end_.load(acq),
+                     prev_rate_.load(acq)};
+    const Piece cur{tick0_.load(acq), ns0_.load(acq), mult_.load(acq), end_.load(acq), rate_.load(acq)};
     const std::uint64_t next = next_refit_.load(acq);
-    if ((s & 1) || seq_.load(acq) != s) continue;
+    if ((s & 1) || seq_.load(acq) != s) {
+      __builtin_ia32_pause();
+      continue;
+    }
     if (tick >= next && refit_lock_.try_lock()) [[unlikely]] {
       if (seq_.load(acq) == s) refit(cur);
       refit_lock_.unlock();

@@ -15,7 +15,8 @@ namespace cupool {
 std::uint64_t monotonic_ns();  // clock_gettime(CLOCK_MONOTONIC)
 
 // Maps a tick counter onto a nanosecond clock by a continuous, increasing piecewise-linear
-// function, re-fitted every kRefitNs: readings stay within microseconds of the nanosecond clock
+// function, re-fitted every kRefitNs (past a piece's window, at the long-run rate): readings stay
+// within microseconds of the nanosecond clock
 // and never run backwards, also across threads and refits. The sources are injectable so that
 // tests can drive the fit with a counter of known rate and drift.
 class TscFit {
@@ -30,13 +31,15 @@ class TscFit {
   std::uint64_t now();
 
  private:
-  struct Piece {  // ns = ns0 + (tick - tick0) * mult / 2^32
-    std::uint64_t tick0, ns0, mult;
+  // ns = ns0 + (tick - tick0) * mult / 2^32 up to `end`, then at the long-run `rate`: a
+  // corrective slope must not run on through an idle gap in which nobody refits.
+  struct Piece {
+    std::uint64_t tick0, ns0, mult, end, rate;
   };
   static std::uint64_t apply(std::uint64_t tick, const Piece& p);
   std::uint64_t ticks_for(std::uint64_t ns, std::uint64_t mult) const;
   void sample(std::uint64_t* tick, std::uint64_t* ns) const;
-  void publish(const Piece& prev, const Piece& cur, std::uint64_t next_refit);
+  bool publish(const Piece& prev, const Piece& cur, std::uint64_t next_refit, std::uint64_t not_after);
   void refit(const Piece& cur);
 
   Source ticks_, ns_;
@@ -44,8 +47,8 @@ class TscFit {
   // The fit: the current piece from its tick0 on, the previous one before it; a sequence lock
   // in atomics (no fences: the thread sanitizer does not model them).
   std::atomic<std::uint32_t> seq_{0};
-  std::atomic<std::uint64_t> prev_tick0_{0}, prev_ns0_{0}, prev_mult_{0};
-  std::atomic<std::uint64_t> tick0_{0}, ns0_{0}, mult_{0}, next_refit_{~std::uint64_t{0}};
+  std::atomic<std::uint64_t> prev_tick0_{0}, prev_ns0_{0}, prev_mult_{0}, prev_end_{0}, prev_rate_{0};
+  std::atomic<std::uint64_t> tick0_{0}, ns0_{0}, mult_{0}, end_{0}, rate_{0}, next_refit_{~std::uint64_t{0}};
   SpinLock refit_lock_;
 };
 
