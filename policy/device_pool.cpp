@@ -40,10 +40,11 @@ std::atomic<std::uint64_t> g_next_pool_id{1};
 // Live pools by id, so that a thread that exits can give its caches back to pools that still
 // exist. Never destroyed: threads exit until the very end of the process.
 struct ThreadCacheRegistry {
-  static std::mutex& mutex() {
-    static auto* m = new std::mutex;
-    return *m;
+  static std::mutex*& mutex_ptr() {
+    static std::mutex* m = new std::mutex;
+    return m;
   }
+  static std::mutex& mutex() { return *mutex_ptr(); }
   static std::unordered_map<std::uint64_t, DevicePool*>& pools() {
     static auto* p = new std::unordered_map<std::uint64_t, DevicePool*>;
     return *p;
@@ -740,6 +741,17 @@ void DevicePool::trim() {
   seal_pending();
   retire_ready();
   release_free_chunks(lk, true, kNever);
+}
+
+void DevicePool::after_fork_in_child() {
+  // A thread the child lacks may have held it at the fork: a new one (the old one is leaked).
+  ThreadCacheRegistry::mutex_ptr() = new std::mutex;
+}
+
+void DevicePool::abandon_after_fork() {
+  mu_.reset_after_fork();
+  for (auto& c : caches_) c->lock.reset_after_fork();
+  abandon();
 }
 
 void DevicePool::abandon() {

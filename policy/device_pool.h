@@ -68,6 +68,10 @@ class DevicePool {
 
   void trim();     // give back every wholly free chunk (the preallocated one too)
   void abandon();  // the context is gone: forget everything, never call the upstream again
+  // In a forked child: the parent's threads may have held the pool's or a cache's lock at the
+  // fork; with only this thread left, they are released, then the pool is abandoned.
+  void abandon_after_fork();
+  static void after_fork_in_child();  // once per child, before abandon_after_fork
 
   void set_clock(Clock clock, void* ctx);
   std::uint64_t cap() const { return cap_; }
@@ -103,6 +107,7 @@ class DevicePool {
    public:
     explicit PoolMutex(const DevicePool* pool) : pool_(pool) {}
     void lock() noexcept { spin_.lock(); }
+    void reset_after_fork() noexcept { spin_.reset_after_fork(); }
     void unlock() noexcept {
       if (pool_->sink_) pool_->publish_snapshot_locked();
       spin_.unlock();

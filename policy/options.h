@@ -48,8 +48,8 @@ struct OptionError {
 // as unset. Checks each variable, then the combinations (CUPOOL_GROWTH_CHUNK_MAX >= CHUNK).
 std::variant<Config, OptionError> parse_options(const std::function<const char*(const char*)>& lookup);
 
-// Set by the first traced process for the processes it starts (policy/trace_writer.cpp): not an
-// option, and not warned about.
+// "<pid>:<CUPOOL_TRACE>", set by the first traced process for the processes it starts
+// (policy/trace_writer.cpp): not an option, and not warned about.
 inline constexpr const char* kTraceRootVariable = "CUPOOL_TRACE_ROOT_PID";
 
 // One warning per CUPOOL_* variable in `environ` that kOptions does not know, e.g.

@@ -29,6 +29,8 @@ class SpinLock {
     return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire);
   }
   void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+  // In a forked child (one thread): a lock another thread of the parent held stays held.
+  void reset_after_fork() noexcept { locked_.store(false, std::memory_order_relaxed); }
 
  private:
   std::atomic<bool> locked_{false};

@@ -127,13 +127,21 @@ bool has_pid_placeholder(const std::string& pattern) {
   return false;
 }
 
-// Whether this process was started by another traced process (an exec'd child: JAX runs ptxas
-// dozens of times; worker processes). The first traced process names itself in the environment
-// its children inherit.
-bool started_by_traced_process(pid_t pid) {
+// Whether this process was started by another process tracing to the same CUPOOL_TRACE (an
+// exec'd child: JAX runs ptxas dozens of times; worker processes). The first such process puts
+// "<pid>:<pattern>" in the environment its children inherit; a child that traces elsewhere is a
+// first process of its own.
+bool started_by_traced_process(pid_t pid, const std::string& pattern) {
+  const std::string mine = std::to_string(pid) + ":" + pattern;
   const char* root = std::getenv(kTraceRootVariable);
-  if (root == nullptr) ::setenv(kTraceRootVariable, std::to_string(pid).c_str(), 1);
-  return root != nullptr && std::to_string(pid) != root;
+  const std::string_view r = root ? std::string_view(root) : std::string_view();
+  const auto colon = r.find(':');
+  const bool same_pattern = colon != std::string_view::npos && r.substr(colon + 1) == pattern;
+  if (!same_pattern) {
+    ::setenv(kTraceRootVariable, mine.c_str(), 1);
+    return false;
+  }
+  return r != mine;
 }
 
 // The file this process writes. Without %p in the pattern, a child (forked, or started) writes
@@ -218,7 +226,7 @@ struct Out {
 TraceWriter::TraceWriter(const Config& config)
     : config_(config),
       pattern_(config.trace_path),
-      started_child_(started_by_traced_process(::getpid())),
+      started_child_(started_by_traced_process(::getpid(), config.trace_path)),
       path_(path_for_process(config.trace_path, ::getpid(), started_child_)),
       id_(g_next_writer_id.fetch_add(1)),
       ring_capacity_(round_up_pow2(config.trace_buffer_events)),

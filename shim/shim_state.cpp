@@ -73,10 +73,11 @@ void fork_parent() {
 void fork_child() {
   if (TraceWriter* w = g_writer.load()) w->child_after_fork();
   // CUDA contexts do not survive fork: the child starts with no pools and no driver memory.
+  DevicePool::after_fork_in_child();
   for (int i = 0; i < g_slot_count.load(); ++i) {
     if (!g_slot_pool[i]) continue;
     g_slot_pool[i]->upstream->detach();
-    g_slot_pool[i]->pool->abandon();
+    g_slot_pool[i]->pool->abandon_after_fork();
     g_slot_ctx[i].store(kDroppedContext);
   }
   vmm_after_fork_child();
