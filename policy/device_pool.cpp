@@ -423,11 +423,8 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     }
   }
   if (deferred_ && up_.needs_fences()) {
-    auto st = sub_.hold(ptr, &freed_size);
+    auto st = quarantine_locked(ptr, &freed_size);
     if (st != Suballocator::FreeStatus::freed) return finish(st);
-    if (pending_.capacity() == 0) pending_.reserve(kBatchBlocks);
-    pending_.push_back(ptr);
-    pending_bytes_ += freed_size;
     if (pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes) {
       seal_pending();
       retire_ready();
@@ -542,12 +539,20 @@ std::uint64_t DevicePool::reclaim_caches_locked(ThreadCache* only) {
   return bytes;
 }
 
+// Holds a live block and adds it to the open batch (sealed behind a fence later).
+Suballocator::FreeStatus DevicePool::quarantine_locked(std::uint64_t ptr, std::size_t* size) {
+  const auto st = sub_.hold(ptr, size);
+  if (st != Suballocator::FreeStatus::freed) return st;
+  if (pending_.capacity() == 0) pending_.reserve(kBatchBlocks);
+  pending_.push_back(ptr);
+  pending_bytes_ += *size;
+  return st;
+}
+
 void DevicePool::give_back_locked(std::uint64_t ptr) {
   if (deferred_ && up_.needs_fences()) {
     std::size_t held = 0;
-    if (sub_.hold(ptr, &held) != Suballocator::FreeStatus::freed) return;
-    pending_.push_back(ptr);
-    pending_bytes_ += held;
+    quarantine_locked(ptr, &held);
     return;
   }
   Suballocator::FreeInfo info;

@@ -139,6 +139,7 @@ class DevicePool {
   bool in_a_cache_locked(std::uint64_t ptr) const;
   std::uint64_t reclaim_caches_locked(ThreadCache* only = nullptr);
   void give_back_locked(std::uint64_t ptr);
+  Suballocator::FreeStatus quarantine_locked(std::uint64_t ptr, std::size_t* size);
   void retire_cache(ThreadCache* cache);
   void publish_ranges_locked();
   friend struct ThreadCacheRegistry;

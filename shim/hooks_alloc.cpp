@@ -185,8 +185,7 @@ template <typename Code, typename Call>
 Code external_allocate(ContextPool* cp, std::uint64_t bytes, Code ok, Code oom, const char* api,
                        std::uint64_t* key, Call&& call) {
   // Free VMM mappings the cache keeps are charged: past the cap, they go back first.
-  if (cp && vmm_free_bytes(cp) > 0 && cp->pool->state().reserved + cp->pool->external() + bytes > cp->pool->cap())
-    vmm_evict(cp);
+  if (cp && vmm_free_bytes(cp) > 0 && !cp->pool->has_room(bytes)) vmm_evict(cp);
   if (cp && !cp->pool->try_charge_external(bytes) && !(vmm_evict(cp) > 0 && cp->pool->try_charge_external(bytes))) {
     warn_oom(cp, api, bytes, OomClass::limit);
     return oom;
@@ -670,45 +669,51 @@ CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
   return rc;
 }
 
-// Address-space and mapping calls: recorded; the cache may serve them.
-CUresult cuMemMap(Path path, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                  unsigned long long flags) {
+namespace {
+// An address-space or mapping call on `ptr`: one event; served by the cache when `serve` (given
+// the cache) says so, else the real call, after which `done` (given the cache and the result)
+// lets the cache learn what the driver did.
+template <typename Call, typename Serve, typename Done>
+CUresult vmm_range_call(Path path, EventKind kind, const char* api, CUdeviceptr ptr, size_t size, Call&& call,
+                        Serve&& serve, Done&& done) {
   HookScope scope;
-  auto real = CUPOOL_REAL(cuMemMap);
-  auto call = [&] { return real ? real(ptr, size, offset, handle, flags) : CUDA_ERROR_NOT_INITIALIZED; };
   if (!scope.outermost()) return call();
   initialize();
-  Event ev(EventKind::vmm_map, "cuMemMap", path);
+  Event ev(kind, api, path);
   VmmCache* cache = vmm_cache();
   CUresult rc;
-  if (cache && flags == 0 && cache->map(ptr, size, offset, handle) == VmmCache::Verdict::served) {
+  if (cache && serve(*cache) == VmmCache::Verdict::served) {
     ev.r.recycled = true;
     rc = CUDA_SUCCESS;
   } else {
     rc = call();
-    if (cache && rc == CUDA_SUCCESS) cache->map_done(ptr, size, offset, handle);
+    if (cache) done(*cache, rc);
   }
   ev.done(rc, size, ptr, driver_pool());
   return rc;
 }
+void nothing_learned(VmmCache&, CUresult) {}
+}  // namespace
+
+// Address-space and mapping calls: recorded; the cache may serve them.
+CUresult cuMemMap(Path path, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  auto real = CUPOOL_REAL(cuMemMap);
+  return vmm_range_call(
+      path, EventKind::vmm_map, "cuMemMap", ptr, size,
+      [&] { return real ? real(ptr, size, offset, handle, flags) : CUDA_ERROR_NOT_INITIALIZED; },
+      [&](VmmCache& c) { return flags == 0 ? c.map(ptr, size, offset, handle) : VmmCache::Verdict::forward; },
+      [&](VmmCache& c, CUresult rc) {
+        if (rc == CUDA_SUCCESS) c.map_done(ptr, size, offset, handle);
+      });
+}
 
 CUresult cuMemUnmap(Path path, CUdeviceptr ptr, size_t size) {
-  HookScope scope;
   auto real = CUPOOL_REAL(cuMemUnmap);
-  auto call = [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; };
-  if (!scope.outermost()) return call();
-  initialize();
-  Event ev(EventKind::vmm_unmap, "cuMemUnmap", path);
-  VmmCache* cache = vmm_cache();
-  CUresult rc;
-  if (cache && cache->unmap(ptr, size) == VmmCache::Verdict::served) {
-    ev.r.recycled = true;
-    rc = CUDA_SUCCESS;
-  } else {
-    rc = call();
-  }
-  ev.done(rc, size, ptr, driver_pool());
-  return rc;
+  return vmm_range_call(
+      path, EventKind::vmm_unmap, "cuMemUnmap", ptr, size,
+      [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; },
+      [&](VmmCache& c) { return c.unmap(ptr, size); }, nothing_learned);
 }
 
 // Not an event of its own: the mapping's events say enough.
@@ -760,22 +765,11 @@ CUresult cuMemAddressReserve(Path path, CUdeviceptr* ptr, size_t size, size_t al
 }
 
 CUresult cuMemAddressFree(Path path, CUdeviceptr ptr, size_t size) {
-  HookScope scope;
   auto real = CUPOOL_REAL(cuMemAddressFree);
-  auto call = [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; };
-  if (!scope.outermost()) return call();
-  initialize();
-  Event ev(EventKind::va_free, "cuMemAddressFree", path);
-  VmmCache* cache = vmm_cache();
-  CUresult rc;
-  if (cache && cache->address_free(ptr, size) == VmmCache::Verdict::served) {
-    ev.r.recycled = true;
-    rc = CUDA_SUCCESS;
-  } else {
-    rc = call();
-  }
-  ev.done(rc, size, ptr, driver_pool());
-  return rc;
+  return vmm_range_call(
+      path, EventKind::va_free, "cuMemAddressFree", ptr, size,
+      [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; },
+      [&](VmmCache& c) { return c.address_free(ptr, size); }, nothing_learned);
 }
 
 // A handle shared with another process lives on there: it must never be recycled here.

@@ -80,40 +80,38 @@ unsigned runtime_stream_flags(unsigned flags) { return (flags & cudaStreamNonBlo
 
 // ---- Streams ----------------------------------------------------------------------------
 
-cudaError_t cudaStreamCreate(Path path, cudaStream_t* stream) {
+// The stream-creating hooks of both APIs: the real call, then, if it made a stream, its record.
+template <typename Code, typename Handle, typename Call>
+Code create_stream(Path path, const char* api, Code ok, Handle* stream, unsigned flags, Call&& call,
+                   const void* caller) {
   HookScope scope;
   initialize();
-  auto real = CUPOOL_REAL(cudaStreamCreate);
   const std::uint64_t t0 = now_ns();
-  cudaError_t rc = real ? real(stream) : cudaErrorInitializationError;
-  if (rc == cudaSuccess)
-    stream_created(path, "cudaStreamCreate", scope.outermost(), reinterpret_cast<CUstream>(*stream), 0, t0,
-                   __builtin_return_address(0));
+  const Code rc = call();
+  if (rc == ok)
+    stream_created(path, api, scope.outermost(), reinterpret_cast<CUstream>(*stream), flags, t0, caller);
   return rc;
+}
+
+cudaError_t cudaStreamCreate(Path path, cudaStream_t* stream) {
+  auto real = CUPOOL_REAL(cudaStreamCreate);
+  return create_stream(path, "cudaStreamCreate", cudaSuccess, stream, 0,
+                       [&] { return real ? real(stream) : cudaErrorInitializationError; },
+                       __builtin_return_address(0));
 }
 
 cudaError_t cudaStreamCreateWithFlags(Path path, cudaStream_t* stream, unsigned int flags) {
-  HookScope scope;
-  initialize();
   auto real = CUPOOL_REAL(cudaStreamCreateWithFlags);
-  const std::uint64_t t0 = now_ns();
-  cudaError_t rc = real ? real(stream, flags) : cudaErrorInitializationError;
-  if (rc == cudaSuccess)
-    stream_created(path, "cudaStreamCreateWithFlags", scope.outermost(), reinterpret_cast<CUstream>(*stream),
-                   runtime_stream_flags(flags), t0, __builtin_return_address(0));
-  return rc;
+  return create_stream(path, "cudaStreamCreateWithFlags", cudaSuccess, stream, runtime_stream_flags(flags),
+                       [&] { return real ? real(stream, flags) : cudaErrorInitializationError; },
+                       __builtin_return_address(0));
 }
 
 cudaError_t cudaStreamCreateWithPriority(Path path, cudaStream_t* stream, unsigned int flags, int priority) {
-  HookScope scope;
-  initialize();
   auto real = CUPOOL_REAL(cudaStreamCreateWithPriority);
-  const std::uint64_t t0 = now_ns();
-  cudaError_t rc = real ? real(stream, flags, priority) : cudaErrorInitializationError;
-  if (rc == cudaSuccess)
-    stream_created(path, "cudaStreamCreateWithPriority", scope.outermost(), reinterpret_cast<CUstream>(*stream),
-                   runtime_stream_flags(flags), t0, __builtin_return_address(0));
-  return rc;
+  return create_stream(path, "cudaStreamCreateWithPriority", cudaSuccess, stream, runtime_stream_flags(flags),
+                       [&] { return real ? real(stream, flags, priority) : cudaErrorInitializationError; },
+                       __builtin_return_address(0));
 }
 
 cudaError_t cudaStreamDestroy(Path path, cudaStream_t stream) {
@@ -125,26 +123,17 @@ cudaError_t cudaStreamDestroy(Path path, cudaStream_t stream) {
 
 // Streams the runtime creates for its own purposes are seen here too: they count.
 CUresult cuStreamCreate(Path path, CUstream* stream, unsigned int flags) {
-  HookScope scope;
-  initialize();
   auto real = CUPOOL_REAL(cuStreamCreate);
-  const std::uint64_t t0 = now_ns();
-  CUresult rc = real ? real(stream, flags) : CUDA_ERROR_NOT_INITIALIZED;
-  if (rc == CUDA_SUCCESS)
-    stream_created(path, "cuStreamCreate", scope.outermost(), *stream, flags, t0, __builtin_return_address(0));
-  return rc;
+  return create_stream(path, "cuStreamCreate", CUDA_SUCCESS, stream, flags,
+                       [&] { return real ? real(stream, flags) : CUDA_ERROR_NOT_INITIALIZED; },
+                       __builtin_return_address(0));
 }
 
 CUresult cuStreamCreateWithPriority(Path path, CUstream* stream, unsigned int flags, int priority) {
-  HookScope scope;
-  initialize();
   auto real = CUPOOL_REAL(cuStreamCreateWithPriority);
-  const std::uint64_t t0 = now_ns();
-  CUresult rc = real ? real(stream, flags, priority) : CUDA_ERROR_NOT_INITIALIZED;
-  if (rc == CUDA_SUCCESS)
-    stream_created(path, "cuStreamCreateWithPriority", scope.outermost(), *stream, flags, t0,
-                   __builtin_return_address(0));
-  return rc;
+  return create_stream(path, "cuStreamCreateWithPriority", CUDA_SUCCESS, stream, flags,
+                       [&] { return real ? real(stream, flags, priority) : CUDA_ERROR_NOT_INITIALIZED; },
+                       __builtin_return_address(0));
 }
 
 CUresult cuStreamDestroy_v2(Path path, CUstream stream) {
