@@ -682,10 +682,10 @@ bool DevicePool::in_a_cache_locked(std::uint64_t ptr) const {
 trace::PoolState DevicePool::state_locked() const {
   trace::PoolState s;
   s.reserved = sub_.reserved();
-  s.in_use = sub_.in_use() - thread_cached_locked();  // cached blocks are free to the program
+  s.cached = thread_cached_locked();
+  s.in_use = sub_.in_use() - s.cached;  // cached blocks are free to the program
   s.largest_free = sub_.largest_free();
   s.quarantined = sub_.held();
-  s.cached = thread_cached_locked();
   s.free_blocks = sub_.free_blocks();
   return s;
 }
