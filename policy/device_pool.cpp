@@ -135,11 +135,7 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
         if (p) tc->track(p, bytes);  // untracked if full: its free then takes the pool's path
       }
       if (p) {
-        if (sink_) {
-          traced_in_use_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-          traced_cached_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-        }
-        if (state) fast_state(state);
+        if (state) fast_state(state, static_cast<std::int64_t>(bytes));
         return {p};
       }
     }
@@ -154,7 +150,6 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
     r = allocate_slow(lk, size);
   if (!lk.owns_lock()) lk.lock();
   if (r.ptr) {
-    if (sink_) traced_in_use_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
     if (tc != nullptr) {
       std::lock_guard g(tc->lock);
       tc->track(r.ptr, bytes);
@@ -380,8 +375,6 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
   std::size_t freed_size = 0;
   auto finish = [&](Suballocator::FreeStatus st) {
     if (size) *size = st == Suballocator::FreeStatus::freed ? freed_size : 0;
-    if (st == Suballocator::FreeStatus::freed && sink_)
-      traced_in_use_.fetch_sub(static_cast<std::int64_t>(freed_size), std::memory_order_relaxed);
     if (state) *state = state_locked();
     return to_free_result(st);
   };
@@ -400,12 +393,8 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
         known_live = true;
         if (cache_usable() && tc->put(ptr, bytes)) {
           g.unlock();
-          if (sink_) {
-            traced_in_use_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-            traced_cached_.fetch_add(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
-          }
           if (size) *size = bytes;
-          if (state) fast_state(state);
+          if (state) fast_state(state, -static_cast<std::int64_t>(bytes));
           return FreeResult::freed;
         }
       }
@@ -489,16 +478,13 @@ ThreadCache* DevicePool::my_cache(bool create) {
 }
 
 // The state a cache-served event reports: the pool's as of its last locked operation, and the
-// bytes in use, which every allocation and free keeps up to date while tracing.
-void DevicePool::fast_state(trace::PoolState* s) const {
+// change to the bytes in use (the trace writer derives in_use and cached from it).
+void DevicePool::fast_state(trace::PoolState* s, std::int64_t in_use_change) const {
   s->reserved = snap_reserved_.load(std::memory_order_relaxed);
   s->largest_free = snap_largest_.load(std::memory_order_relaxed);
   s->quarantined = snap_quarantined_.load(std::memory_order_relaxed);
   s->free_blocks = snap_free_blocks_.load(std::memory_order_relaxed);
-  const std::int64_t in_use = traced_in_use_.load(std::memory_order_relaxed);
-  s->in_use = in_use > 0 ? static_cast<std::uint64_t>(in_use) : 0;
-  const std::int64_t cached = traced_cached_.load(std::memory_order_relaxed);
-  s->cached = cached > 0 ? static_cast<std::uint64_t>(cached) : 0;
+  s->cache_delta = in_use_change;
 }
 
 void DevicePool::publish_snapshot_locked() const {
@@ -531,7 +517,6 @@ std::uint64_t DevicePool::reclaim_caches_locked(ThreadCache* only) {
       give_back_locked(ptr);
     });
   }
-  if (sink_) traced_cached_.fetch_sub(static_cast<std::int64_t>(bytes), std::memory_order_relaxed);
   if (!pending_.empty()) {
     seal_pending();
     retire_ready();
@@ -767,8 +752,6 @@ void DevicePool::abandon() {
     c->drain([](std::uint64_t, std::uint64_t) {});
     c->forget_live();
   }
-  traced_cached_ = 0;
-  traced_in_use_ = 0;
   sub_.clear();
   publish_ranges_locked();
   reservations_.clear();

@@ -133,7 +133,7 @@ class DevicePool {
   // Thread caches.
   bool cache_usable() const;
   ThreadCache* my_cache(bool create);
-  void fast_state(trace::PoolState* state) const;
+  void fast_state(trace::PoolState* state, std::int64_t in_use_change) const;
   void publish_snapshot_locked() const;
   std::uint64_t thread_cached_locked() const;
   bool in_a_cache_locked(std::uint64_t ptr) const;
@@ -197,8 +197,6 @@ class DevicePool {
   // thread caches
   const std::uint64_t id_;                          // unique for the process's lifetime
   std::vector<std::unique_ptr<ThreadCache>> caches_;  // under mu_
-  std::atomic<std::int64_t> traced_in_use_{0};      // in use and in caches, kept only when tracing
-  std::atomic<std::int64_t> traced_cached_{0};
   mutable std::atomic<std::uint64_t> snap_reserved_{0}, snap_largest_{0}, snap_quarantined_{0};
   mutable std::atomic<std::uint32_t> snap_free_blocks_{0};
 

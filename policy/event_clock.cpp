@@ -73,6 +73,8 @@ bool TscFit::publish(const Piece& prev, const Piece& cur, std::uint64_t next_ref
   rate_.store(cur.rate, rel);
   next_refit_.store(next_refit, rel);
   seq_.store(s + 2, rel);
+  if (history_count_ == 0 || history_[(history_count_ - 1) % kHistory].tick0 != cur.tick0)
+    history_[history_count_++ % kHistory] = cur;
   return true;
 }
 
@@ -87,6 +89,7 @@ bool TscFit::calibrate() {
   if (mult == 0) return false;
   const std::uint64_t end = tick + ticks_for(kRefitNs, mult);
   const Piece first{tick, ns, mult, end, mult};
+  std::lock_guard g(refit_lock_);
   return publish(first, first, end, ~std::uint64_t{0});
 }
 
@@ -134,6 +137,16 @@ std::uint64_t TscFit::now() {
   }
 }
 
+std::uint64_t TscFit::to_ns(std::uint64_t tick) {
+  std::lock_guard g(refit_lock_);
+  const std::size_t kept = history_count_ < kHistory ? history_count_ : kHistory;
+  for (std::size_t i = 1; i <= kept; ++i) {  // newest first: recent ticks are the common case
+    const Piece& p = history_[(history_count_ - i) % kHistory];
+    if (tick >= p.tick0 || i == kept) return apply(tick, p);
+  }
+  return 0;  // not calibrated
+}
+
 // ---- EventClock --------------------------------------------------------------------------------
 
 namespace {
@@ -177,5 +190,16 @@ std::uint64_t EventClock::now() {
   }
   return mode == 1 ? g_tsc_fit.now() : monotonic_ns();
 }
+
+std::uint64_t EventClock::stamp() {
+  int mode = g_mode.load(std::memory_order_acquire);
+  if (mode < 0) [[unlikely]] {
+    init();
+    mode = g_mode.load(std::memory_order_acquire);
+  }
+  return mode == 1 ? __rdtsc() : monotonic_ns();
+}
+
+std::uint64_t EventClock::stamp_to_ns(std::uint64_t stamp) { return uses_tsc() ? g_tsc_fit.to_ns(stamp) : stamp; }
 
 }  // namespace cupool

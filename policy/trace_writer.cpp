@@ -443,13 +443,18 @@ void TraceWriter::pass_locked() {
     snapshot_.assign(rings_.begin(), rings_.end());
   }
   bool any_dead = false;
+  // Hot paths only stamp; reading the clock here keeps its fit refitted while they run.
+  (void)EventClock::now();
   // Each thread's buffer is in its own order; lines of one pass are written in time order, so a
   // reader sees events of different threads interleaved as they happened (up to one pass).
   batch_.clear();
   for (Ring* ring : snapshot_) any_dead |= drain_ring_locked(*ring);
   std::stable_sort(batch_.begin(), batch_.end(),
                    [](const trace::Record& a, const trace::Record& b) { return a.t_ns < b.t_ns; });
-  for (const trace::Record& r : batch_) format_event_locked(r);
+  for (trace::Record& r : batch_) {
+    if (r.has_pool) derive_pool_state_locked(r.device, r.pool);
+    format_event_locked(r);
+  }
   write_buffer_locked();
   if (!any_dead) return;
   std::lock_guard lock(rings_mu_);
@@ -482,6 +487,12 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
       continue;
     }
     if (r.tid == 0) r.tid = ring.tid;
+    if (r.stamped) {
+      const std::uint64_t t = EventClock::stamp_to_ns(r.t_ns);
+      r.dur_ns = EventClock::stamp_to_ns(r.t_ns + r.dur_ns) - t;
+      r.t_ns = t;
+      r.stamped = false;
+    }
     batch_.push_back(r);
   }
   ring.tail.store(tail, std::memory_order_release);
@@ -497,6 +508,28 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
     ring.dropped_reported = dropped;
   }
   return dead;
+}
+
+// In time order: an event the pool served under its lock carries the device's in_use and cached;
+// one a thread cache served carries the change, applied here to the last known values. Events
+// dropped from a full ring leave the derived values off until the device's next locked event.
+void TraceWriter::derive_pool_state_locked(int device, trace::PoolState& pool) {
+  auto it = std::find_if(derived_.begin(), derived_.end(), [&](const Derived& d) { return d.device == device; });
+  if (it == derived_.end()) it = derived_.insert(derived_.end(), Derived{device, 0, 0});
+  if (pool.cache_delta == 0) {
+    it->in_use = pool.in_use;
+    it->cached = pool.cached;
+    return;
+  }
+  auto add = [](std::uint64_t v, std::int64_t d) {
+    return d >= 0 ? v + static_cast<std::uint64_t>(d)
+                  : v - std::min(v, static_cast<std::uint64_t>(-d));
+  };
+  it->in_use = add(it->in_use, pool.cache_delta);
+  it->cached = add(it->cached, -pool.cache_delta);
+  pool.in_use = it->in_use;
+  pool.cached = it->cached;
+  pool.cache_delta = 0;
 }
 
 // Writes one event line. Called for a pass's events in time order.

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "device_pool.h"
+#include "event_clock.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
 #include "log.h"
@@ -33,7 +34,8 @@ struct Event {
   bool on = tracing();
   Event(EventKind kind, const char* api, Path path) {
     if (!on) return;
-    r.t_ns = now_ns();
+    r.t_ns = EventClock::stamp();  // converted by the trace writer, off this thread
+    r.stamped = true;
     r.kind = kind;
     r.api = api;
     r.path = path;
@@ -51,7 +53,7 @@ struct Event {
   // The pool state, if the pool served the call, is already in r.pool (has_pool set).
   void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextPool* cp) {
     if (!on) return;
-    const std::uint64_t end = now_ns();
+    const std::uint64_t end = EventClock::stamp();
     r.dur_ns = end - r.t_ns;
     // `t` orders events across threads: memory is handed out by the time an allocation returns
     // and given back no earlier than its free was called, so (alloc: end, free: start) is a

@@ -95,3 +95,33 @@ TEST_CASE("TscFit refuses a counter that does not advance", "[clock]") {
   TscFit fit([] { return std::uint64_t{42}; }, &monotonic_ns);
   CHECK_FALSE(fit.calibrate());
 }
+
+namespace {
+thread_local std::uint64_t t_last_tick = 0;
+std::uint64_t remembered_ticks() { return t_last_tick = fake_ticks(); }
+}  // namespace
+
+TEST_CASE("TscFit::to_ns maps a tick read earlier exactly as now() did, across refits", "[clock]") {
+  TscFit fit(&remembered_ticks, &monotonic_ns);
+  REQUIRE(fit.calibrate());
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> seen;  // (tick, what now() returned)
+  const std::uint64_t until = monotonic_ns() + 120'000'000;       // six refits
+  while (monotonic_ns() < until) {
+    const std::uint64_t ns = fit.now();
+    seen.emplace_back(t_last_tick, ns);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  REQUIRE(seen.size() > 100);
+  int differ = 0;
+  for (const auto& [tick, ns] : seen) differ += fit.to_ns(tick) != ns;
+  CHECK(differ == 0);
+}
+
+TEST_CASE("EventClock stamps convert to the clock now() reads", "[clock]") {
+  const std::uint64_t before = EventClock::now();
+  const std::uint64_t stamp = EventClock::stamp();
+  const std::uint64_t after = EventClock::now();
+  const std::uint64_t ns = EventClock::stamp_to_ns(stamp);
+  CHECK(ns >= before);
+  CHECK(ns <= after);
+}

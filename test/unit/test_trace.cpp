@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "event_clock.h"
 #include "options.h"
 #include "trace_reader.h"
 #include "trace_writer.h"
@@ -277,6 +278,57 @@ TEST_CASE("an event the VMM mapping cache served says \"recycled\":true; others 
   CHECK(events[0]["recycled"] == true);
   CHECK_FALSE(events[1].contains("recycled"));
   CHECK(read_all(w->path()).size() == 2);  // readers of 1.0 skip the key
+}
+
+TEST_CASE("events a thread cache served get in_use and cached from the last locked event of their device", "[trace]") {
+  TempDir dir;
+  const std::string path = dir.path + "/t.jsonl";
+  auto w = open_writer(trace_config(path));
+  auto ev = [](std::uint64_t t, std::int16_t dev, std::uint64_t in_use, std::uint64_t cached, std::int64_t delta) {
+    trace::Record r;
+    r.t_ns = t;
+    r.api = "cudaMalloc";
+    r.device = dev;
+    r.has_pool = true;
+    r.pool.reserved = 32 << 20;
+    r.pool.in_use = in_use;
+    r.pool.cached = cached;
+    r.pool.cache_delta = delta;
+    return r;
+  };
+  // Recorded out of order: the writer derives in time order.
+  w->record(ev(30, 0, 0, 0, -512));  // a free into a cache
+  w->record(ev(10, 0, 1000, 512, 0));  // locked: the device's values
+  w->record(ev(20, 0, 0, 0, 256));   // an allocation from a cache
+  w->record(ev(15, 1, 5, 0, 0));
+  w->record(ev(25, 1, 0, 0, 256));   // more than device 1 had cached: never below zero
+  w->close();
+  const auto events = read_all(path);
+  REQUIRE(events.size() == 5);
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> got;
+  for (const Event& e : events) got.emplace_back(e.pool.in_use, e.pool.cached);
+  CHECK(got == std::vector<std::pair<std::uint64_t, std::uint64_t>>{{1000, 512}, {5, 0}, {1256, 256}, {261, 0}, {744, 768}});
+}
+
+TEST_CASE("stamped events are written in CLOCK_MONOTONIC nanoseconds", "[trace]") {
+  TempDir dir;
+  const std::string path = dir.path + "/t.jsonl";
+  auto w = open_writer(trace_config(path));
+  const std::uint64_t before = EventClock::now();
+  trace::Record r;
+  r.api = "cudaMalloc";
+  r.stamped = true;
+  r.t_ns = EventClock::stamp();
+  std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  r.dur_ns = EventClock::stamp() - r.t_ns;
+  const std::uint64_t after = EventClock::now();
+  w->record(r);
+  w->close();
+  const auto events = read_all(path);
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].t_ns >= before);
+  CHECK(events[0].t_ns + events[0].dur_ns <= after);
+  CHECK(events[0].dur_ns >= 2'000'000);
 }
 
 TEST_CASE("a full ring drops events, counts them, and says so", "[trace]") {
