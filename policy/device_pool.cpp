@@ -487,13 +487,6 @@ void DevicePool::fast_state(trace::PoolState* s, std::int64_t in_use_change) con
   s->cache_delta = in_use_change;
 }
 
-void DevicePool::publish_snapshot_locked() const {
-  snap_reserved_.store(sub_.reserved(), std::memory_order_relaxed);
-  snap_largest_.store(sub_.largest_free(), std::memory_order_relaxed);
-  snap_quarantined_.store(sub_.held(), std::memory_order_relaxed);
-  snap_free_blocks_.store(sub_.free_blocks(), std::memory_order_relaxed);
-}
-
 std::uint64_t DevicePool::thread_cached_locked() const {
   std::uint64_t n = 0;
   for (const auto& c : caches_) n += c->bytes();
@@ -650,6 +643,16 @@ bool DevicePool::block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t
   return sub_.block_range(ptr, base, size) && !in_a_cache_locked(*base);
 }
 
+bool DevicePool::block_in_reservation(std::uint64_t ptr, std::uint64_t* base, std::size_t* size,
+                                      std::uint64_t* reservation_base) const {
+  Lock lk(mu_);
+  if (!sub_.block_range(ptr, base, size) || in_a_cache_locked(*base)) return false;
+  const std::uint32_t id = sub_.chunk_of(*base);
+  if (id == Suballocator::kNoChunk || id >= reservations_.size()) return false;
+  *reservation_base = reservations_[id].base;
+  return true;
+}
+
 std::size_t DevicePool::block_size(std::uint64_t ptr) const {
   Lock lk(mu_);
   return in_a_cache_locked(ptr) ? 0 : sub_.block_size(ptr);
@@ -672,6 +675,13 @@ trace::PoolState DevicePool::state_locked() const {
   s.largest_free = sub_.largest_free();
   s.quarantined = sub_.held();
   s.free_blocks = sub_.free_blocks();
+  if (sink_) {  // the events a thread cache serves next report it (the unlock need not scan again)
+    snap_reserved_.store(s.reserved, std::memory_order_relaxed);
+    snap_largest_.store(s.largest_free, std::memory_order_relaxed);
+    snap_quarantined_.store(s.quarantined, std::memory_order_relaxed);
+    snap_free_blocks_.store(s.free_blocks, std::memory_order_relaxed);
+    snapshot_fresh_ = true;
+  }
   return s;
 }
 

@@ -54,6 +54,10 @@ class DevicePool {
 
   bool owns(std::uint64_t ptr) const;  // inside one of the pool's chunks (frees of it belong here); no lock
   bool block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const;  // interior too
+  // The same, and the start of the upstream reservation (one driver allocation) holding it: what
+  // CUDA IPC shares. Asks the driver nothing, so it works on threads with no current context.
+  bool block_in_reservation(std::uint64_t ptr, std::uint64_t* base, std::size_t* size,
+                            std::uint64_t* reservation_base) const;
   std::size_t block_size(std::uint64_t ptr) const;  // live block starting at ptr, else 0
   trace::PoolState state() const;
   // total: the cap; free: what the process could still get (headroom under the cap that the driver
@@ -102,14 +106,17 @@ class DevicePool {
     int driver_code = 0;
   };
   // The pool's lock. When tracing, unlocking publishes the state that events served from a
-  // thread cache (without the lock) report.
+  // thread cache (without the lock) report, unless state_locked() has just published it.
   class PoolMutex {
    public:
     explicit PoolMutex(const DevicePool* pool) : pool_(pool) {}
-    void lock() noexcept { spin_.lock(); }
+    void lock() noexcept {
+      spin_.lock();
+      pool_->snapshot_fresh_ = false;
+    }
     void reset_after_fork() noexcept { spin_.reset_after_fork(); }
     void unlock() noexcept {
-      if (pool_->sink_) pool_->publish_snapshot_locked();
+      if (pool_->sink_ && !pool_->snapshot_fresh_) (void)pool_->state_locked();  // publishes
       spin_.unlock();
     }
 
@@ -126,7 +133,7 @@ class DevicePool {
   std::uint64_t charged() const { return sub_.reserved() + transit_ + external_; }
   std::uint64_t headroom() const { return cap_ > charged() ? cap_ - charged() : 0; }
   bool may_grow() const;
-  trace::PoolState state_locked() const;
+  trace::PoolState state_locked() const;  // when tracing, also publishes it for fast_state
   void emit(trace::EventKind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0, std::uint64_t dur,
             trace::OomClass oom = trace::OomClass::none, int code = 0);
 
@@ -134,7 +141,6 @@ class DevicePool {
   bool cache_usable() const;
   ThreadCache* my_cache(bool create);
   void fast_state(trace::PoolState* state, std::int64_t in_use_change) const;
-  void publish_snapshot_locked() const;
   std::uint64_t thread_cached_locked() const;
   bool in_a_cache_locked(std::uint64_t ptr) const;
   std::uint64_t reclaim_caches_locked(ThreadCache* only = nullptr);
@@ -199,6 +205,7 @@ class DevicePool {
   std::vector<std::unique_ptr<ThreadCache>> caches_;  // under mu_
   mutable std::atomic<std::uint64_t> snap_reserved_{0}, snap_largest_{0}, snap_quarantined_{0};
   mutable std::atomic<std::uint32_t> snap_free_blocks_{0};
+  mutable bool snapshot_fresh_ = false;  // under mu_: the snapshot is the state as it is now
 
   // The chunks' address ranges, sorted, for owns() without the lock. Every list published stays
   // allocated until the pool is destroyed (a reader may still be using it; chunks change rarely).

@@ -2,6 +2,7 @@
 // must fence every non-blocking stream), context lifetime (a pool dies with its context), and
 // pointer queries (a block carved from a chunk must look like an allocation of its own).
 #include <dlfcn.h>
+#include <fmt/format.h>
 
 #include <cstring>
 #include <string>
@@ -9,6 +10,7 @@
 #include "device_pool.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
+#include "ipc_handle.h"
 #include "log.h"
 #include "shim_state.h"
 #include "thread_id.h"
@@ -180,6 +182,18 @@ CUresult cuDevicePrimaryCtxReset_v2(Path, CUdevice device) {
 
 // ---- Pointer queries --------------------------------------------------------------------
 
+namespace {
+// Blocks this process opened from other processes' pools over CUDA IPC (see IPC below).
+ipc::ImportedBlocks& imported() {
+  static ipc::ImportedBlocks blocks;
+  return blocks;
+}
+
+bool imported_block_range(std::uint64_t ptr, std::uint64_t* start, std::uint64_t* size) {
+  return !imported().empty() && imported().range(ptr, start, size);
+}
+}  // namespace
+
 CUresult cuMemGetAddressRange_v2(Path, CUdeviceptr* base, size_t* size, CUdeviceptr ptr) {
   HookScope scope;
   auto real = CUPOOL_REAL(cuMemGetAddressRange_v2);
@@ -194,18 +208,32 @@ CUresult cuMemGetAddressRange_v2(Path, CUdeviceptr* base, size_t* size, CUdevice
         return CUDA_SUCCESS;
       }
     }
+    if (std::uint64_t start = 0, bytes = 0; imported_block_range(ptr, &start, &bytes)) {
+      CUresult rc = real ? real(base, size, ptr) : CUDA_ERROR_NOT_INITIALIZED;  // still mapped?
+      if (rc == CUDA_SUCCESS) {
+        if (base) *base = start;
+        if (size) *size = bytes;
+      }
+      return rc;
+    }
   }
   return real ? real(base, size, ptr) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
 namespace {
-// Overwrites the range attributes of a pool block with the block's own range.
+// Overwrites the range attributes of a pool block (or a block imported over IPC) with the
+// block's own range.
 void patch_range(CUpointer_attribute attribute, void* data, CUdeviceptr ptr) {
   if (attribute != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && attribute != CU_POINTER_ATTRIBUTE_RANGE_SIZE) return;
+  if (data == nullptr) return;
   ContextPool* cp = pool_owning(ptr);
   std::uint64_t block_base = 0;
   std::size_t block_bytes = 0;
-  if (cp == nullptr || data == nullptr || !cp->pool->block_range(ptr, &block_base, &block_bytes)) return;
+  if (cp == nullptr || !cp->pool->block_range(ptr, &block_base, &block_bytes)) {
+    std::uint64_t bytes = 0;
+    if (!imported_block_range(ptr, &block_base, &bytes)) return;
+    block_bytes = bytes;
+  }
   if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
     *static_cast<CUdeviceptr*>(data) = block_base;
   else
@@ -232,45 +260,140 @@ CUresult cuPointerGetAttributes(Path, unsigned int count, CUpointer_attribute* a
 }
 
 // ---- IPC ---------------------------------------------------------------------------------
-// The driver shares whole allocations: a handle to a block carved from a chunk would open, in
-// the other process, as the chunk's start. A block that starts its chunk opens correctly (the
-// receiver maps a little more than the block); any other is refused with a clear message rather
-// than let the other process read the wrong memory.
+// The driver shares whole allocations, so a pool block travels as its chunk's handle with the
+// block's place written in (policy/ipc_handle.h); an importing cupool opens the chunk and hands
+// out the block. A place that cannot be written is refused with a clear message rather than let
+// the other process see the chunk's start.
 namespace {
-bool ipc_refused(std::uint64_t ptr, const char* api) {
+// The place of the pool block holding `ptr` in its chunk; false if no pool block holds it. From
+// the pool's own records: torch.multiprocessing shares from a feeder thread that has no current
+// context, where a driver query would fail.
+bool pool_block_place(std::uint64_t ptr, ipc::BlockPlace* place) {
   ContextPool* cp = pool_owning(ptr);
-  std::uint64_t block_base = 0;
+  std::uint64_t block_base = 0, chunk_base = 0;
   std::size_t block_bytes = 0;
-  if (cp == nullptr || !cp->pool->block_range(ptr, &block_base, &block_bytes)) return false;
-  CUdeviceptr chunk_base = 0;
-  size_t chunk_bytes = 0;
-  auto range = CUPOOL_REAL(cuMemGetAddressRange_v2);
-  if (range && range(&chunk_base, &chunk_bytes, block_base) == CUDA_SUCCESS && chunk_base == block_base) return false;
-  log_error(std::string(api) + " of a block inside a pool chunk is not supported: the driver would share the whole "
-            "chunk, and the other process would see the wrong memory. Run processes that share memory over "
-            "CUDA IPC with CUPOOL_POLICY=passthrough.");
+  if (cp == nullptr || !cp->pool->block_in_reservation(ptr, &block_base, &block_bytes, &chunk_base)) return false;
+  *place = {block_base - chunk_base, block_bytes};
   return true;
+}
+
+// After the driver made the handle of a pool block's chunk: false if the place does not fit.
+bool write_place(unsigned char* handle, const ipc::BlockPlace& place, const char* api) {
+  if (ipc::encode(handle, place)) {
+    log_debug(fmt::format("{}: a pool block of {} bytes at offset {} of its chunk", api, place.size, place.offset));
+    return true;
+  }
+  log_error(std::string(api) + ": cannot describe this pool block in an IPC handle (the driver's handle has no "
+            "room for it, or the block lies past 256 GiB into its chunk); the other process would see the "
+            "wrong memory. Run processes that share memory over CUDA IPC with CUPOOL_POLICY=passthrough.");
+  return false;
+}
+
+// Opens a handle through `open_real` (handle, &base) -> result; a handle that carries a block's
+// place opens its chunk, and the block is what the caller gets.
+template <typename Handle, typename OpenReal>
+auto open_handle(Handle handle, std::uint64_t* out, OpenReal open_real) {
+  ipc::BlockPlace place;
+  const bool block = ipc::decode(reinterpret_cast<unsigned char*>(handle.reserved), &place);
+  std::uint64_t base = 0;
+  const auto rc = open_real(handle, &base);
+  if (static_cast<int>(rc) == 0 && block) {
+    imported().opened(base + place.offset, base, place.size);
+    log_debug(fmt::format("IPC open: a pool block of {} bytes at offset {} of the chunk mapped at 0x{:x}",
+                          place.size, place.offset, base));
+    base += place.offset;
+  } else {
+    log_debug(fmt::format("IPC open: {} handle, result {}", block ? "a pool block's" : "a plain", static_cast<int>(rc)));
+  }
+  *out = base;
+  return rc;
+}
+
+// The pointer to give the driver's close: the chunk's mapping for a block opened above.
+std::uint64_t closing(std::uint64_t ptr) {
+  std::uint64_t base = 0;
+  return imported().closing(ptr, &base) ? base : ptr;
 }
 }  // namespace
 
 cudaError_t cudaIpcGetMemHandle(Path, cudaIpcMemHandle_t* handle, void* devPtr) {
   HookScope scope;
   auto real = CUPOOL_REAL(cudaIpcGetMemHandle);
-  if (scope.outermost()) {
-    initialize();
-    if (ipc_refused(reinterpret_cast<std::uintptr_t>(devPtr), "cudaIpcGetMemHandle")) return cudaErrorNotSupported;
-  }
-  return real ? real(handle, devPtr) : cudaErrorInitializationError;
+  if (!real) return cudaErrorInitializationError;
+  if (!scope.outermost()) return real(handle, devPtr);
+  initialize();
+  ipc::BlockPlace place;
+  const bool block = pool_block_place(reinterpret_cast<std::uintptr_t>(devPtr), &place);
+  const cudaError_t rc = real(handle, devPtr);
+  if (rc != cudaSuccess || !block || handle == nullptr) return rc;
+  return write_place(reinterpret_cast<unsigned char*>(handle->reserved), place, "cudaIpcGetMemHandle")
+             ? rc
+             : cudaErrorNotSupported;
 }
 
 CUresult cuIpcGetMemHandle(Path, CUipcMemHandle* handle, CUdeviceptr dptr) {
   HookScope scope;
   auto real = CUPOOL_REAL(cuIpcGetMemHandle);
-  if (scope.outermost()) {
-    initialize();
-    if (ipc_refused(dptr, "cuIpcGetMemHandle")) return CUDA_ERROR_NOT_SUPPORTED;
-  }
-  return real ? real(handle, dptr) : CUDA_ERROR_NOT_INITIALIZED;
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!scope.outermost()) return real(handle, dptr);
+  initialize();
+  ipc::BlockPlace place;
+  const bool block = pool_block_place(dptr, &place);
+  const CUresult rc = real(handle, dptr);
+  if (rc != CUDA_SUCCESS || !block || handle == nullptr) return rc;
+  return write_place(reinterpret_cast<unsigned char*>(handle->reserved), place, "cuIpcGetMemHandle")
+             ? rc
+             : CUDA_ERROR_NOT_SUPPORTED;
+}
+
+cudaError_t cudaIpcOpenMemHandle(Path, void** devPtr, cudaIpcMemHandle_t handle, unsigned int flags) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cudaIpcOpenMemHandle);
+  if (!real) return cudaErrorInitializationError;
+  if (!scope.outermost() || devPtr == nullptr) return real(devPtr, handle, flags);
+  initialize();
+  std::uint64_t ptr = 0;
+  const cudaError_t rc = open_handle(handle, &ptr, [&](cudaIpcMemHandle_t h, std::uint64_t* base) {
+    void* p = nullptr;
+    const cudaError_t r = real(&p, h, flags);
+    *base = reinterpret_cast<std::uintptr_t>(p);
+    return r;
+  });
+  if (rc == cudaSuccess) *devPtr = reinterpret_cast<void*>(ptr);
+  return rc;
+}
+
+CUresult cuIpcOpenMemHandle_v2(Path, CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuIpcOpenMemHandle_v2);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!scope.outermost() || pdptr == nullptr) return real(pdptr, handle, flags);
+  initialize();
+  std::uint64_t ptr = 0;
+  const CUresult rc = open_handle(handle, &ptr, [&](CUipcMemHandle h, std::uint64_t* base) {
+    CUdeviceptr p = 0;
+    const CUresult r = real(&p, h, flags);
+    *base = p;
+    return r;
+  });
+  if (rc == CUDA_SUCCESS) *pdptr = ptr;
+  return rc;
+}
+
+cudaError_t cudaIpcCloseMemHandle(Path, void* devPtr) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cudaIpcCloseMemHandle);
+  if (!real) return cudaErrorInitializationError;
+  if (!scope.outermost()) return real(devPtr);
+  return real(reinterpret_cast<void*>(closing(reinterpret_cast<std::uintptr_t>(devPtr))));
+}
+
+CUresult cuIpcCloseMemHandle(Path, CUdeviceptr dptr) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuIpcCloseMemHandle);
+  if (!real) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!scope.outermost()) return real(dptr);
+  return real(closing(dptr));
 }
 
 }  // namespace cupool::shim::impl

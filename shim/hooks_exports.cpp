@@ -37,6 +37,8 @@ CUPOOL_EXPORT(cudaError_t, cudaStreamCreateWithFlags, (cudaStream_t* s, unsigned
 CUPOOL_EXPORT(cudaError_t, cudaStreamCreateWithPriority, (cudaStream_t* s, unsigned f, int p), s, f, p)
 CUPOOL_EXPORT(cudaError_t, cudaStreamDestroy, (cudaStream_t s), s)
 CUPOOL_EXPORT(cudaError_t, cudaIpcGetMemHandle, (cudaIpcMemHandle_t* h, void* p), h, p)
+CUPOOL_EXPORT(cudaError_t, cudaIpcOpenMemHandle, (void** p, cudaIpcMemHandle_t h, unsigned f), p, h, f)
+CUPOOL_EXPORT(cudaError_t, cudaIpcCloseMemHandle, (void* p), p)
 // Driver.
 CUPOOL_EXPORT(CUresult, cuMemAlloc_v2, (CUdeviceptr* p, size_t n), p, n)
 CUPOOL_EXPORT(CUresult, cuMemFree_v2, (CUdeviceptr p), p)
@@ -71,6 +73,8 @@ CUPOOL_EXPORT(CUresult, cuPointerGetAttribute, (void* d, CUpointer_attribute a, 
 CUPOOL_EXPORT(CUresult, cuPointerGetAttributes,
               (unsigned n, CUpointer_attribute* a, void** d, CUdeviceptr p), n, a, d, p)
 CUPOOL_EXPORT(CUresult, cuIpcGetMemHandle, (CUipcMemHandle* h, CUdeviceptr p), h, p)
+CUPOOL_EXPORT(CUresult, cuIpcOpenMemHandle_v2, (CUdeviceptr* p, CUipcMemHandle h, unsigned f), p, h, f)
+CUPOOL_EXPORT(CUresult, cuIpcCloseMemHandle, (CUdeviceptr p), p)
 CUPOOL_EXPORT(CUresult, cuStreamCreate, (CUstream* s, unsigned f), s, f)
 CUPOOL_EXPORT(CUresult, cuStreamCreateWithPriority, (CUstream* s, unsigned f, int p), s, f, p)
 CUPOOL_EXPORT(CUresult, cuStreamDestroy_v2, (CUstream s), s)

@@ -19,3 +19,5 @@ done
 run "ipc, no cupool" python3 "$here/ipc_check.py"
 run "ipc, cupool passthrough" "$cupool" run --policy passthrough --no-summary -- python3 "$here/ipc_check.py"
 run "ipc, cupool growth" "$cupool" run --policy growth --no-summary -- python3 "$here/ipc_check.py"
+run "ipc, cupool growth deferred" "$cupool" run --policy growth --free deferred --no-summary -- python3 "$here/ipc_check.py"
+run "ipc, cupool preallocate 30%" "$cupool" run --policy preallocate --preallocate 30% --no-summary -- python3 "$here/ipc_check.py"

@@ -107,6 +107,10 @@ struct Alloc {
     MemPool* pool = nullptr;
     bool free_pending = false;
     unsigned long long buffer_id = 0;
+    // KIND_IPC: the exporter's allocation, and how many opens of its handle this mapping serves.
+    int ipc_pid = 0;
+    unsigned long long ipc_buffer = 0;
+    int ipc_opens = 0;
 };
 
 struct Phys {  // cuMemCreate
@@ -778,6 +782,20 @@ CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned) {
     IpcHandle h{};
     std::memcpy(&h, handle.reserved, sizeof h);
     if (h.magic != kIpcMagic || h.size == 0) return CUDA_ERROR_INVALID_VALUE;
+    // As the H200's driver (580): bytes 48..55 are checked (a changed one is an invalid handle),
+    // bytes 56..63 are not read at all.
+    for (size_t i = sizeof h; i < 56; ++i)
+        if (handle.reserved[i] != 0) return CUDA_ERROR_INVALID_HANDLE;
+    {
+        // The same handle opened again in this process: the same mapping, counted.
+        std::lock_guard<std::mutex> lk(g_mu);
+        for (auto& [base, a] : g_st->allocs)
+            if (a.kind == KIND_IPC && a.ipc_pid == h.pid && a.ipc_buffer == h.buffer_id && a.ctx == c) {
+                ++a.ipc_opens;
+                *pdptr = static_cast<CUdeviceptr>(a.base + h.offset);
+                return CUDA_SUCCESS;
+            }
+    }
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
     int fd = open(path, O_RDWR | O_CLOEXEC);
@@ -801,6 +819,9 @@ CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned) {
     a.ctx = c;
     a.dev = c->dev;
     a.kind = KIND_IPC;
+    a.ipc_pid = h.pid;
+    a.ipc_buffer = h.buffer_id;
+    a.ipc_opens = 1;
     std::lock_guard<std::mutex> lk(g_mu);
     a.buffer_id = g_st->next_id++;
     g_st->allocs[a.base] = a;
@@ -1224,6 +1245,8 @@ CUresult cuMemGetInfo(unsigned int* free, unsigned int* total) {
 
 CUresult cuMemGetAddressRange_v2(CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr) {
     CHECK_INIT();
+    Context* c = nullptr;  // as the driver: a thread with no current context is refused
+    if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
     std::lock_guard<std::mutex> lk(g_mu);
     const Alloc* a = nullptr;
     const Mapping* m = nullptr;
@@ -1867,7 +1890,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
     h.pid = getpid();
     h.fd = a.fd;
     h.device = a.dev;
-    h.offset = static_cast<uint64_t>(dptr) - a.base;
+    h.offset = 0;  // as the H200's driver: any address inside gives the allocation's handle
     h.size = a.map_size;
     h.base = a.base;
     h.buffer_id = a.buffer_id;
@@ -1890,6 +1913,7 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
         std::lock_guard<std::mutex> lk(g_mu);
         auto it = find_alloc_locked(static_cast<uintptr_t>(dptr));
         if (it == g_st->allocs.end() || it->second.kind != KIND_IPC) return CUDA_ERROR_INVALID_VALUE;
+        if (--it->second.ipc_opens > 0) return CUDA_SUCCESS;
         u = erase_alloc_locked(it);
     }
     do_unmap(u);

@@ -47,7 +47,7 @@ struct IpcHandle {
     int32_t pid;        // exporting process
     int32_t fd;         // memfd in the exporting process (open /proc/<pid>/fd/<fd>)
     int32_t device;     // device ordinal of the allocation
-    uint64_t offset;    // pointer - allocation base
+    uint64_t offset;    // always 0: a handle names the whole allocation, as the driver's does
     uint64_t size;      // size of the whole allocation (its mapping)
     uint64_t base;      // allocation base in the exporter (identification only)
     uint64_t buffer_id; // unique id of the allocation in the exporter

@@ -448,13 +448,27 @@ int ipc_child(const char* hex) {
     if (p_cuInit(0) != CUDA_SUCCESS) return 10;
     CUcontext c = nullptr;
     if (p_cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS || p_cuCtxSetCurrent(c) != CUDA_SUCCESS) return 11;
-    CUdeviceptr p = 0;
-    if (p_cuIpcOpenMemHandle_v2(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS) return 12;
-    auto* u = reinterpret_cast<unsigned char*>(p);  // points at offset 4096 of the allocation
-    for (int i = 0; i < 4096; ++i)
-        if (u[i] != static_cast<unsigned char>((i + 4096) * 3)) return 13;
-    std::memset(u, 0xab, 4096);
+    // As the H200's driver (580) does: a changed byte 48 is an invalid handle, bytes 56..63 are
+    // not read.
+    CUipcMemHandle bad = h;
+    bad.reserved[48] ^= 0x5a;
+    CUdeviceptr x = 0;
+    if (p_cuIpcOpenMemHandle_v2(&x, bad, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_ERROR_INVALID_HANDLE) return 15;
+    CUipcMemHandle tail = h;
+    tail.reserved[60] ^= 0x5a;
+    CUdeviceptr p = 0, again = 0;
+    if (p_cuIpcOpenMemHandle_v2(&p, tail, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS) return 12;
+    // The handle was taken at offset 4096, but it names the whole allocation and opens at its base.
+    auto* u = reinterpret_cast<unsigned char*>(p);
+    for (int i = 0; i < 3 * 4096; ++i)
+        if (u[i] != static_cast<unsigned char>(i * 3)) return 13;
+    std::memset(u + 4096, 0xab, 4096);
+    // Opened twice in one process: the same mapping, closed once per open.
+    if (p_cuIpcOpenMemHandle_v2(&again, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS || again != p) return 16;
     if (p_cuIpcCloseMemHandle(p) != CUDA_SUCCESS) return 14;
+    if (reinterpret_cast<unsigned char*>(again)[4096] != 0xab) return 17;  // still mapped
+    if (p_cuIpcCloseMemHandle(again) != CUDA_SUCCESS) return 14;
+    if (p_cuIpcCloseMemHandle(again) == CUDA_SUCCESS) return 18;
     return 0;
 }
 
@@ -510,7 +524,7 @@ void test_ipc_and_fork() {
     // same-process open gives a second view of the same memory
     CUdeviceptr q = 0;
     OK(p_cuIpcOpenMemHandle_v2(&q, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
-    CHECK(q != p + 4096 && reinterpret_cast<unsigned char*>(q)[5] == 0xab);
+    CHECK(q != p && reinterpret_cast<unsigned char*>(q)[4096 + 5] == 0xab);
     OK(p_cuIpcCloseMemHandle(q));
     OK(p_cuMemFree_v2(p));
 

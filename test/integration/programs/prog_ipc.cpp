@@ -1,34 +1,158 @@
-// CUDA IPC of pool blocks. The driver shares whole allocations, so a handle to a block carved
-// from the middle of a pool chunk would open, in another process, at the chunk's start: cupool
-// must refuse it (cudaErrorNotSupported) rather than share the wrong memory. A block that starts
-// its chunk, and everything under passthrough or without cupool, is shared normally.
+// CUDA IPC of pool blocks between two processes. The parent allocates two blocks (under a pool
+// the second lies inside the first's chunk), fills them, and hands their handles to a child it
+// starts (under the same LD_PRELOAD, so under cupool too). The child must see each block, not the
+// chunk's start: it checks the contents and the range the driver reports, writes into the second
+// block, and opens one handle twice. The parent then checks that the write landed in the second
+// block and nowhere else. A child without cupool must be refused the inner block's handle (the
+// driver would open the chunk's start) and still open the first block's.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "prog_common.hpp"
 
-int main() {
+namespace {
+
+constexpr size_t kBytes = 1 << 20;
+
+std::string to_hex(const cudaIpcMemHandle_t& h) {
+    std::string s;
+    char b[3];
+    for (char c : h.reserved) {
+        std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(c));
+        s += b;
+    }
+    return s;
+}
+
+cudaIpcMemHandle_t from_hex(const char* hex) {
+    cudaIpcMemHandle_t h{};
+    for (size_t i = 0; i < sizeof h.reserved; ++i) {
+        unsigned v = 0;
+        std::sscanf(hex + 2 * i, "%2x", &v);
+        h.reserved[i] = static_cast<char>(v);
+    }
+    return h;
+}
+
+bool all_bytes(const void* dev, size_t n, unsigned char value) {
+    std::vector<unsigned char> host(n);
+    if (cudaMemcpy(host.data(), dev, n, cudaMemcpyDeviceToHost) != cudaSuccess) return false;
+    for (unsigned char c : host)
+        if (c != value) return false;
+    return true;
+}
+
+// The importing process, under cupool: prints nothing but errors; exit status says.
+int importer(const char* hex_a, const char* hex_b) {
+    void *a = nullptr, *b = nullptr, *b_again = nullptr;
+    RT(cudaIpcOpenMemHandle(&b, from_hex(hex_b), cudaIpcMemLazyEnablePeerAccess));
+    RT(cudaIpcOpenMemHandle(&a, from_hex(hex_a), cudaIpcMemLazyEnablePeerAccess));
+    EXPECT(a != nullptr && b != nullptr && a != b);
+    EXPECT(all_bytes(a, kBytes, 0x11));
+    EXPECT(all_bytes(b, kBytes, 0x22));
+    // The block's own range, as for an allocation of that size.
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    DRV(cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(b) + 4096));
+    EXPECT(base == reinterpret_cast<CUdeviceptr>(b));
+    EXPECT(size >= kBytes);
+    RT(cudaMemset(b, 0x33, 4096));
+    RT(cudaDeviceSynchronize());
+    // The same handle again: the same block; each open is closed once.
+    RT(cudaIpcOpenMemHandle(&b_again, from_hex(hex_b), cudaIpcMemLazyEnablePeerAccess));
+    EXPECT(b_again == b);
+    RT(cudaIpcCloseMemHandle(b_again));
+    EXPECT(all_bytes(b, 4096, 0x33));  // still open
+    RT(cudaIpcCloseMemHandle(b));
+    RT(cudaIpcCloseMemHandle(a));
+    return prog::failures() == 0 ? 0 : 1;
+}
+
+// Without cupool: the first block starts its chunk and opens; the inner one must be refused.
+int plain_importer(const char* hex_a, const char* hex_b, bool expect_refusal) {
+    void *a = nullptr, *b = nullptr;
+    RT(cudaIpcOpenMemHandle(&a, from_hex(hex_a), cudaIpcMemLazyEnablePeerAccess));
+    EXPECT(all_bytes(a, kBytes, 0x11));
+    const cudaError_t rb = cudaIpcOpenMemHandle(&b, from_hex(hex_b), cudaIpcMemLazyEnablePeerAccess);
+    if (expect_refusal) {
+        EXPECT(rb != cudaSuccess);
+        cudaGetLastError();
+    } else {
+        // The first 4 KiB hold the other child's write.
+        EXPECT(rb == cudaSuccess && all_bytes(static_cast<char*>(b) + 4096, kBytes - 4096, 0x22));
+        if (rb == cudaSuccess) RT(cudaIpcCloseMemHandle(b));
+    }
+    RT(cudaIpcCloseMemHandle(a));
+    return prog::failures() == 0 ? 0 : 1;
+}
+
+int run_child(const std::vector<std::string>& args, bool without_cupool) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        if (without_cupool) unsetenv("LD_PRELOAD");
+        std::vector<char*> argv;
+        for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        execv("/proc/self/exe", argv.data());
+        _exit(127);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc == 4 && std::strcmp(argv[1], "--import") == 0) return importer(argv[2], argv[3]);
+    if (argc == 5 && std::strcmp(argv[1], "--import-plain") == 0)
+        return plain_importer(argv[2], argv[3], std::strcmp(argv[4], "refused") == 0);
+
     const char* policy = std::getenv("CUPOOL_POLICY");
     const bool preloaded = std::getenv("LD_PRELOAD") && std::strstr(std::getenv("LD_PRELOAD"), "cupool");
     const bool pooled = preloaded && !(policy && std::strcmp(policy, "passthrough") == 0);
     long long allocs = 0, frees = 0, bytes = 0;
     void *a = nullptr, *b = nullptr;
-    RT(cudaMalloc(&a, 1 << 20));
-    RT(cudaMalloc(&b, 1 << 20));
+    RT(cudaMalloc(&a, kBytes));
+    RT(cudaMalloc(&b, kBytes));
     allocs += 2;
-    bytes += 2 << 20;
-    cudaIpcMemHandle_t ha, hb;
-    const cudaError_t ra = cudaIpcGetMemHandle(&ha, a);
-    const cudaError_t rb = cudaIpcGetMemHandle(&hb, b);
-    // The first block starts the pool's first chunk (growth) or its one region (preallocate).
-    EXPECT(ra == cudaSuccess);
-    EXPECT(pooled ? rb == cudaErrorNotSupported : rb == cudaSuccess);
-    if (rb != cudaSuccess) cudaGetLastError();
+    bytes += 2 * kBytes;
+    RT(cudaMemset(a, 0x11, kBytes));
+    RT(cudaMemset(b, 0x22, kBytes));
+    RT(cudaDeviceSynchronize());
+    cudaIpcMemHandle_t ha, hb, hb_inside;
+    RT(cudaIpcGetMemHandle(&ha, a));
+    RT(cudaIpcGetMemHandle(&hb, b));
+    // Inside a block, as inside an allocation: the block's handle.
+    RT(cudaIpcGetMemHandle(&hb_inside, static_cast<char*>(b) + 4096));
+    EXPECT(std::memcmp(&hb, &hb_inside, sizeof hb) == 0);
+    // From a thread with no current context yet (torch.multiprocessing shares from its queue's
+    // feeder thread): the same handle.
+    cudaIpcMemHandle_t hb_thread{};
+    std::thread([&] { RT(cudaIpcGetMemHandle(&hb_thread, b)); }).join();
+    EXPECT(std::memcmp(&hb, &hb_thread, sizeof hb) == 0);
+
+    const int child = run_child({"prog_ipc", "--import", to_hex(ha), to_hex(hb)}, false);
+    EXPECT(child == 0);
+    EXPECT(all_bytes(b, 4096, 0x33));               // the child's write, in the right block
+    EXPECT(all_bytes(static_cast<char*>(b) + 4096, kBytes - 4096, 0x22));
+    EXPECT(all_bytes(a, kBytes, 0x11));             // and not at the chunk's start
+    // Under a pool, b lies inside a's chunk.
+    const int plain = run_child({"prog_ipc", "--import-plain", to_hex(ha), to_hex(hb), pooled ? "refused" : "opened"}, true);
+    EXPECT(plain == 0);
+
     RT(cudaFree(a));
     RT(cudaFree(b));
     frees += 2;
     return prog::finish(prog::Json().num("allocs", allocs).num("frees", frees).num("bytes", bytes)
-                            .boolean("interior_block_refused", rb == cudaErrorNotSupported));
+                            .boolean("child_saw_blocks", child == 0).boolean("plain_child_ok", plain == 0));
 }

@@ -1,0 +1,74 @@
+// The IPC handle codec and the importer's bookkeeping (docs/design.md, "CUDA IPC of pool blocks").
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cstring>
+
+#include "ipc_handle.h"
+
+using namespace cupool::ipc;
+
+namespace {
+// A handle as the H200's driver (580) makes one: bytes 56..63 zero.
+std::array<unsigned char, kHandleBytes> driver_handle() {
+  std::array<unsigned char, kHandleBytes> h{};
+  for (std::size_t i = 0; i < 56; ++i) h[i] = static_cast<unsigned char>(0x11 * (i % 13) + 1);
+  return h;
+}
+}  // namespace
+
+TEST_CASE("ipc: a block's place round-trips and the driver's handle comes back exactly", "[ipc]") {
+  for (const BlockPlace place : {BlockPlace{0, 256}, BlockPlace{1 << 20, 4 << 20}, BlockPlace{(255ull << 30), 256ull << 20},
+                                 BlockPlace{((1ull << 38) - 256), (1ull << 38) - 256}}) {
+    const auto original = driver_handle();
+    auto h = original;
+    REQUIRE(encode(h.data(), place));
+    CHECK(h != original);
+    // Interior blocks: a byte the driver checks is changed, so a process without cupool cannot
+    // open the handle at the chunk's start by mistake.
+    CHECK((h[48] != original[48]) == (place.offset != 0));
+    BlockPlace got;
+    REQUIRE(decode(h.data(), &got));
+    CHECK(got.offset == place.offset);
+    CHECK(got.size == place.size);
+    CHECK(h == original);
+  }
+}
+
+TEST_CASE("ipc: handles without a place, and places that cannot be written", "[ipc]") {
+  auto h = driver_handle();
+  BlockPlace got;
+  CHECK_FALSE(decode(h.data(), &got));  // a plain driver handle passes through untouched
+  CHECK(h == driver_handle());
+  CHECK_FALSE(encode(h.data(), {1ull << 38, 256}));  // offset past 256 GiB
+  CHECK_FALSE(encode(h.data(), {0, 1ull << 38}));    // size past 256 GiB
+  CHECK_FALSE(encode(h.data(), {100, 256}));         // not a 256-byte multiple
+  CHECK_FALSE(encode(h.data(), {0, 0}));
+  CHECK(h == driver_handle());
+  h[60] = 1;  // a driver that uses those bytes: never overwritten
+  CHECK_FALSE(encode(h.data(), {0, 256}));
+  CHECK(h[60] == 1);
+}
+
+TEST_CASE("ipc: imported blocks answer range queries and close their chunk once per open", "[ipc]") {
+  ImportedBlocks blocks;
+  CHECK(blocks.empty());
+  blocks.opened(0x10000 + 4096, 0x10000, 8192);
+  blocks.opened(0x10000 + 4096, 0x10000, 8192);  // the same handle opened twice
+  blocks.opened(0x10000, 0x10000, 4096);
+  CHECK_FALSE(blocks.empty());
+  std::uint64_t start = 0, size = 0;
+  REQUIRE(blocks.range(0x10000 + 4096 + 8191, &start, &size));
+  CHECK(start == 0x10000 + 4096);
+  CHECK(size == 8192);
+  CHECK_FALSE(blocks.range(0x10000 + 4096 + 8192, &start, &size));
+  CHECK_FALSE(blocks.range(0xffff, &start, &size));
+  std::uint64_t base = 0;
+  CHECK_FALSE(blocks.closing(0x10000 + 8, &base));  // not a pointer this process opened
+  REQUIRE(blocks.closing(0x10000 + 4096, &base));
+  CHECK(base == 0x10000);
+  REQUIRE(blocks.closing(0x10000 + 4096, &base));
+  CHECK_FALSE(blocks.closing(0x10000 + 4096, &base));
+  REQUIRE(blocks.closing(0x10000, &base));
+  CHECK(blocks.empty());
+}
