@@ -16,6 +16,17 @@ run "ddp, cupool growth" "$cupool" run --policy growth --trace /tmp/cupool-multi
 for t in /tmp/cupool-multi/ddp.*.jsonl; do
   "$cupool" report --json "$t" | python3 -c "import json,sys; d=json.load(sys.stdin)['traces'][0]; print('trace', d.get('pid'), [(x['device'], x['allocs'], x['peak_reserved']) for x in d['devices']])"
 done
+echo "== ipc probe (the driver's handles, no cupool)"
+nvcc -O1 -arch=sm_90 -o /tmp/cupool-multi/ipc_probe "$here/ipc_probe.cu" -lcuda &&
+  { /tmp/cupool-multi/ipc_probe export & sleep 3; /tmp/cupool-multi/ipc_probe import; wait; }
+echo "== prog_ipc (test/integration/programs/prog_ipc.cpp on the real driver)"
+nvcc -O2 -arch=sm_90 -x cu -I"$here/../integration/programs" -o /tmp/cupool-multi/prog_ipc \
+  "$here/../integration/programs/prog_ipc.cpp" -lcuda &&
+  for pol in none passthrough growth preallocate; do
+    if [[ $pol == none ]]; then out=$(/tmp/cupool-multi/prog_ipc 2>&1)
+    else out=$(CUPOOL_POLICY=$pol CUPOOL_PREALLOCATE=20% LD_PRELOAD=$build/shim/libcupool.so /tmp/cupool-multi/prog_ipc 2>&1); fi
+    echo "$pol: rc=$? $(tail -3 <<<"$out")"
+  done
 run "ipc, no cupool" python3 "$here/ipc_check.py"
 run "ipc, cupool passthrough" "$cupool" run --policy passthrough --no-summary -- python3 "$here/ipc_check.py"
 run "ipc, cupool growth" "$cupool" run --policy growth --no-summary -- python3 "$here/ipc_check.py"
