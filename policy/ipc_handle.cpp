@@ -14,17 +14,18 @@ constexpr unsigned kFieldBits = 30;        // per field: up to 256 GiB
 constexpr std::uint64_t kFieldMask = (std::uint64_t{1} << kFieldBits) - 1;
 }  // namespace
 
-bool encode(unsigned char* handle, const BlockPlace& place) {
+EncodeResult encode(unsigned char* handle, const BlockPlace& place) {
   std::uint64_t word = 0;
   std::memcpy(&word, handle + kPlaceAt, sizeof word);
+  if (word != 0) return EncodeResult::driver_uses_bytes;
   const std::uint64_t unit = std::uint64_t{1} << kUnitShift;
-  if (word != 0 || place.size == 0 || place.offset % unit != 0 || place.size % unit != 0) return false;
   const std::uint64_t off = place.offset >> kUnitShift, size = place.size >> kUnitShift;
-  if (off > kFieldMask || size > kFieldMask) return false;
+  if (place.size == 0 || place.offset % unit != 0 || place.size % unit != 0 || off > kFieldMask || size > kFieldMask)
+    return EncodeResult::does_not_fit;
   word = kMagic << 60 | off << kFieldBits | size;
   std::memcpy(handle + kPlaceAt, &word, sizeof word);
   if (place.offset != 0) handle[kCheckedByte] ^= kScramble;
-  return true;
+  return EncodeResult::written;
 }
 
 bool decode(unsigned char* handle, BlockPlace* place) {

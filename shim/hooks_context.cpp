@@ -277,15 +277,22 @@ bool pool_block_place(std::uint64_t ptr, ipc::BlockPlace* place) {
   return true;
 }
 
-// After the driver made the handle of a pool block's chunk: false if the place does not fit.
+// After the driver made the handle of a pool block's chunk. False if the place cannot be written:
+// the handle is then cleared, so that a caller that ignores the error sends nothing that opens.
 bool write_place(unsigned char* handle, const ipc::BlockPlace& place, const char* api) {
-  if (ipc::encode(handle, place)) {
+  const ipc::EncodeResult r = ipc::encode(handle, place);
+  if (r == ipc::EncodeResult::written) {
     log_debug(fmt::format("{}: a pool block of {} bytes at offset {} of its chunk", api, place.size, place.offset));
     return true;
   }
-  log_error(std::string(api) + ": cannot describe this pool block in an IPC handle (the driver's handle has no "
-            "room for it, or the block lies past 256 GiB into its chunk); the other process would see the "
-            "wrong memory. Run processes that share memory over CUDA IPC with CUPOOL_POLICY=passthrough.");
+  std::memset(handle, 0, ipc::kHandleBytes);
+  log_error(fmt::format("{}: cannot share this pool block ({} bytes at offset {} of its chunk) over CUDA IPC: {}; "
+                        "the driver would share the whole chunk. Run processes that share memory over CUDA IPC "
+                        "with CUPOOL_POLICY=passthrough, or under growth (smaller chunks).",
+                        api, place.size, place.offset,
+                        r == ipc::EncodeResult::driver_uses_bytes
+                            ? "the driver's handle for this chunk uses the bytes cupool writes the block's place into"
+                            : "the block lies past 256 GiB into its chunk"));
   return false;
 }
 

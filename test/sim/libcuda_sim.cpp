@@ -10,6 +10,7 @@
 //   CUPOOL_SIM_TOTAL_MEM          memory per device, bytes or with suffix KiB/MiB/GiB (default 16GiB)
 //   CUPOOL_SIM_ALLOC_LATENCY_US   sleep in cuMemAlloc_v2/cuMemAllocPitch_v2/cuMemAllocManaged/cuMemFree_v2
 //   CUPOOL_SIM_FAIL_ALLOC_AFTER   allocations (any kind) after the Nth fail with CUDA_ERROR_OUT_OF_MEMORY
+//   CUPOOL_SIM_IPC_HANDLE_TAIL    IPC handles use bytes 56..63 too (as the H200's did for a 42 GB allocation)
 
 // Gives us the declarations of every ABI variant (_v2, _ptsz, _ptds and the legacy v1 names).
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -1896,6 +1897,7 @@ CUresult cuIpcGetMemHandle(CUipcMemHandle* pHandle, CUdeviceptr dptr) {
     h.buffer_id = a.buffer_id;
     std::memset(pHandle, 0, sizeof *pHandle);
     std::memcpy(pHandle->reserved, &h, sizeof h);
+    if (std::getenv("CUPOOL_SIM_IPC_HANDLE_TAIL")) pHandle->reserved[60] = 1;  // not read on open
     return CUDA_SUCCESS;
 }
 

@@ -22,7 +22,7 @@ TEST_CASE("ipc: a block's place round-trips and the driver's handle comes back e
                                  BlockPlace{((1ull << 38) - 256), (1ull << 38) - 256}}) {
     const auto original = driver_handle();
     auto h = original;
-    REQUIRE(encode(h.data(), place));
+    REQUIRE(encode(h.data(), place) == EncodeResult::written);
     CHECK(h != original);
     // Interior blocks: a byte the driver checks is changed, so a process without cupool cannot
     // open the handle at the chunk's start by mistake.
@@ -40,13 +40,13 @@ TEST_CASE("ipc: handles without a place, and places that cannot be written", "[i
   BlockPlace got;
   CHECK_FALSE(decode(h.data(), &got));  // a plain driver handle passes through untouched
   CHECK(h == driver_handle());
-  CHECK_FALSE(encode(h.data(), {1ull << 38, 256}));  // offset past 256 GiB
-  CHECK_FALSE(encode(h.data(), {0, 1ull << 38}));    // size past 256 GiB
-  CHECK_FALSE(encode(h.data(), {100, 256}));         // not a 256-byte multiple
-  CHECK_FALSE(encode(h.data(), {0, 0}));
+  CHECK(encode(h.data(), {1ull << 38, 256}) == EncodeResult::does_not_fit);  // offset past 256 GiB
+  CHECK(encode(h.data(), {0, 1ull << 38}) == EncodeResult::does_not_fit);    // size past 256 GiB
+  CHECK(encode(h.data(), {100, 256}) == EncodeResult::does_not_fit);         // not a 256-byte multiple
+  CHECK(encode(h.data(), {0, 0}) == EncodeResult::does_not_fit);
   CHECK(h == driver_handle());
-  h[60] = 1;  // a driver that uses those bytes: never overwritten
-  CHECK_FALSE(encode(h.data(), {0, 256}));
+  h[60] = 1;  // the driver uses those bytes (the H200, for a 42 GB allocation): never overwritten
+  CHECK(encode(h.data(), {0, 256}) == EncodeResult::driver_uses_bytes);
   CHECK(h[60] == 1);
 }
 

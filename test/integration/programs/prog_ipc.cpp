@@ -129,6 +129,21 @@ int main(int argc, char** argv) {
     RT(cudaMemset(a, 0x11, kBytes));
     RT(cudaMemset(b, 0x22, kBytes));
     RT(cudaDeviceSynchronize());
+    if (std::getenv("CUPOOL_SIM_IPC_HANDLE_TAIL") && pooled) {
+        // No room in the driver's handle for the block's place: refused, and the handle cleared
+        // so that nothing that opens at the chunk's start can leave this process.
+        cudaIpcMemHandle_t h;
+        std::memset(&h, 0x5a, sizeof h);
+        const cudaError_t r = cudaIpcGetMemHandle(&h, b);
+        EXPECT(r == cudaErrorNotSupported);
+        cudaGetLastError();
+        const cudaIpcMemHandle_t zero{};
+        EXPECT(std::memcmp(&h, &zero, sizeof h) == 0);
+        RT(cudaFree(a));
+        RT(cudaFree(b));
+        return prog::finish(prog::Json().num("allocs", 2).num("frees", 2).num("bytes", 2 * kBytes)
+                                .boolean("refused_without_room", r == cudaErrorNotSupported));
+    }
     cudaIpcMemHandle_t ha, hb, hb_inside;
     RT(cudaIpcGetMemHandle(&ha, a));
     RT(cudaIpcGetMemHandle(&hb, b));
