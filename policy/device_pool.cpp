@@ -155,7 +155,7 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
       tc->track(r.ptr, bytes);
     }
   }
-  if (state) *state = state_locked();
+  if (state) *state = reported_state_locked();
   return r;
 }
 
@@ -375,7 +375,7 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
   std::size_t freed_size = 0;
   auto finish = [&](Suballocator::FreeStatus st) {
     if (size) *size = st == Suballocator::FreeStatus::freed ? freed_size : 0;
-    if (state) *state = state_locked();
+    if (state) *state = reported_state_locked();
     return to_free_result(st);
   };
   if (!deferred_) {
@@ -485,6 +485,7 @@ void DevicePool::fast_state(trace::PoolState* s, std::int64_t in_use_change) con
   s->quarantined = snap_quarantined_.load(std::memory_order_relaxed);
   s->free_blocks = snap_free_blocks_.load(std::memory_order_relaxed);
   s->cache_delta = in_use_change;
+  s->pool = id_;
 }
 
 std::uint64_t DevicePool::thread_cached_locked() const {
@@ -675,11 +676,24 @@ trace::PoolState DevicePool::state_locked() const {
   s.largest_free = sub_.largest_free();
   s.quarantined = sub_.held();
   s.free_blocks = sub_.free_blocks();
-  if (sink_) {  // the events a thread cache serves next report it (the unlock need not scan again)
-    snap_reserved_.store(s.reserved, std::memory_order_relaxed);
-    snap_largest_.store(s.largest_free, std::memory_order_relaxed);
-    snap_quarantined_.store(s.quarantined, std::memory_order_relaxed);
-    snap_free_blocks_.store(s.free_blocks, std::memory_order_relaxed);
+  s.pool = id_;
+  return s;
+}
+
+// What events served from a thread cache report (fast_state): published at unlock while tracing.
+void DevicePool::publish_state_locked(const trace::PoolState& s) const {
+  snap_reserved_.store(s.reserved, std::memory_order_relaxed);
+  snap_largest_.store(s.largest_free, std::memory_order_relaxed);
+  snap_quarantined_.store(s.quarantined, std::memory_order_relaxed);
+  snap_free_blocks_.store(s.free_blocks, std::memory_order_relaxed);
+}
+
+// The state a call reports as its last step before it unlocks: published now, so that the
+// unlock need not compute it again.
+trace::PoolState DevicePool::reported_state_locked() const {
+  const trace::PoolState s = state_locked();
+  if (sink_) {
+    publish_state_locked(s);
     snapshot_fresh_ = true;
   }
   return s;

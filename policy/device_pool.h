@@ -116,7 +116,7 @@ class DevicePool {
     }
     void reset_after_fork() noexcept { spin_.reset_after_fork(); }
     void unlock() noexcept {
-      if (pool_->sink_ && !pool_->snapshot_fresh_) (void)pool_->state_locked();  // publishes
+      if (pool_->sink_ && !pool_->snapshot_fresh_) pool_->publish_state_locked(pool_->state_locked());
       spin_.unlock();
     }
 
@@ -133,7 +133,9 @@ class DevicePool {
   std::uint64_t charged() const { return sub_.reserved() + transit_ + external_; }
   std::uint64_t headroom() const { return cap_ > charged() ? cap_ - charged() : 0; }
   bool may_grow() const;
-  trace::PoolState state_locked() const;  // when tracing, also publishes it for fast_state
+  trace::PoolState state_locked() const;
+  trace::PoolState reported_state_locked() const;  // state_locked(), published: the caller unlocks next
+  void publish_state_locked(const trace::PoolState& state) const;
   void emit(trace::EventKind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0, std::uint64_t dur,
             trace::OomClass oom = trace::OomClass::none, int code = 0);
 

@@ -142,9 +142,21 @@ std::uint64_t TscFit::to_ns(std::uint64_t tick) {
   const std::size_t kept = history_count_ < kHistory ? history_count_ : kHistory;
   for (std::size_t i = 1; i <= kept; ++i) {  // newest first: recent ticks are the common case
     const Piece& p = history_[(history_count_ - i) % kHistory];
-    if (tick >= p.tick0 || i == kept) return apply(tick, p);
+    if (tick >= p.tick0) return apply(tick, p);
+    if (i == kept) {  // older than every piece kept: back from the oldest, at the long-run rate
+      Piece q = p;
+      q.mult = q.rate;
+      return apply(tick, q);
+    }
   }
   return 0;  // not calibrated
+}
+
+// A thread of the parent may have held the refit lock or been inside publish() at the fork.
+void TscFit::reset_after_fork() {
+  refit_lock_.reset_after_fork();
+  const std::uint32_t s = seq_.load(std::memory_order_relaxed);
+  if (s & 1) seq_.store(s + 1, std::memory_order_release);
 }
 
 // ---- EventClock --------------------------------------------------------------------------------
@@ -190,6 +202,8 @@ std::uint64_t EventClock::now() {
   }
   return mode == 1 ? g_tsc_fit.now() : monotonic_ns();
 }
+
+void EventClock::after_fork_in_child() { g_tsc_fit.reset_after_fork(); }
 
 std::uint64_t EventClock::stamp() {
   int mode = g_mode.load(std::memory_order_acquire);

@@ -36,6 +36,7 @@ class TscFit {
   // A tick read earlier, mapped as now() mapped it then: by the piece that was in force. Pieces
   // older than the last kHistory are gone; ticks before them use the oldest one kept.
   std::uint64_t to_ns(std::uint64_t tick);
+  void reset_after_fork();  // in a forked child, before anything reads the clock
   static constexpr std::size_t kHistory = 256;  // >= 5 s of pieces
 
  private:
@@ -72,6 +73,7 @@ class EventClock {
   // stamp_to_ns is the identity).
   static std::uint64_t stamp();
   static std::uint64_t stamp_to_ns(std::uint64_t stamp);
+  static void after_fork_in_child();
 };
 
 }  // namespace cupool

@@ -46,14 +46,20 @@ void ImportedBlocks::opened(std::uint64_t block, std::uint64_t chunk_base, std::
   count_.store(blocks_.size(), std::memory_order_release);
 }
 
-bool ImportedBlocks::closing(std::uint64_t block, std::uint64_t* chunk_base) {
+bool ImportedBlocks::chunk_of(std::uint64_t block, std::uint64_t* chunk_base) const {
   std::lock_guard g(mu_);
   auto it = blocks_.find(block);
   if (it == blocks_.end()) return false;
   *chunk_base = it->second.chunk_base;
+  return true;
+}
+
+void ImportedBlocks::closed(std::uint64_t block) {
+  std::lock_guard g(mu_);
+  auto it = blocks_.find(block);
+  if (it == blocks_.end()) return;
   if (--it->second.opens == 0) blocks_.erase(it);
   count_.store(blocks_.size(), std::memory_order_release);
-  return true;
 }
 
 bool ImportedBlocks::range(std::uint64_t ptr, std::uint64_t* start, std::uint64_t* size) const {

@@ -38,7 +38,8 @@ class ImportedBlocks {
  public:
   void opened(std::uint64_t block, std::uint64_t chunk_base, std::uint64_t size);
   // The chunk base to close for a block pointer this process opened; false if it is not one.
-  bool closing(std::uint64_t block, std::uint64_t* chunk_base);
+  bool chunk_of(std::uint64_t block, std::uint64_t* chunk_base) const;
+  void closed(std::uint64_t block);  // after the driver closed one open of it
   // The imported block holding `ptr`, if any.
   bool range(std::uint64_t ptr, std::uint64_t* start, std::uint64_t* size) const;
   bool empty() const { return count_.load(std::memory_order_acquire) == 0; }  // no lock: range queries ask first

@@ -35,6 +35,13 @@ enum class EventKind : std::uint8_t {
   stream_destroy,
   count_
 };
+// Events placed in time at the end of their call (memory is handed out by the time it returns);
+// every other event at its start. docs/trace-format.md, key `t`.
+constexpr bool timed_at_end(EventKind k) {
+  return k == EventKind::alloc || k == EventKind::vmm_create || k == EventKind::va_reserve ||
+         k == EventKind::stream_create;
+}
+
 inline constexpr std::array<std::string_view, static_cast<int>(EventKind::count_)> kEventKindNames = {
     "alloc", "free", "mem_info", "vmm_create", "vmm_release", "vmm_map", "vmm_unmap",
     "va_reserve", "va_free", "grow", "release", "fence_retired", "oom", "device", "context_reset",
@@ -72,10 +79,11 @@ struct PoolState {
   std::uint64_t cached = 0;        // freed bytes kept in threads' caches (free to the program)
   std::uint32_t free_blocks = 0;   // number of free blocks
   // Nonzero on events a thread cache served without the pool's lock: in_use and cached are then
-  // not filled in; the trace writer derives them, per device, from the last event that had them
+  // not filled in; the trace writer derives them, per pool, from the last event that had them
   // (in_use += cache_delta, cached -= cache_delta). Shared counters updated on that path made 8
   // traced threads 7x slower on the H200 host.
   std::int64_t cache_delta = 0;
+  std::uint64_t pool = 0;  // which pool (unique in the process): the writer derives per pool; not written
 };
 
 // One event as the hot path records it: plain data, no heap, formatted later by the writer.

@@ -452,7 +452,7 @@ void TraceWriter::pass_locked() {
   std::stable_sort(batch_.begin(), batch_.end(),
                    [](const trace::Record& a, const trace::Record& b) { return a.t_ns < b.t_ns; });
   for (trace::Record& r : batch_) {
-    if (r.has_pool) derive_pool_state_locked(r.device, r.pool);
+    if (r.has_pool) derive_pool_state_locked(r.pool);
     format_event_locked(r);
   }
   write_buffer_locked();
@@ -487,9 +487,10 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
       continue;
     }
     if (r.tid == 0) r.tid = ring.tid;
-    if (r.stamped) {
+    if (r.stamped) {  // the call ran from t - dur to t, or from t to t + dur
       const std::uint64_t t = EventClock::stamp_to_ns(r.t_ns);
-      r.dur_ns = EventClock::stamp_to_ns(r.t_ns + r.dur_ns) - t;
+      r.dur_ns = trace::timed_at_end(r.kind) ? t - EventClock::stamp_to_ns(r.t_ns - r.dur_ns)
+                                             : EventClock::stamp_to_ns(r.t_ns + r.dur_ns) - t;
       r.t_ns = t;
       r.stamped = false;
     }
@@ -510,12 +511,13 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
   return dead;
 }
 
-// In time order: an event the pool served under its lock carries the device's in_use and cached;
+// In time order: an event the pool served under its lock carries the pool's in_use and cached;
 // one a thread cache served carries the change, applied here to the last known values. Events
-// dropped from a full ring leave the derived values off until the device's next locked event.
-void TraceWriter::derive_pool_state_locked(int device, trace::PoolState& pool) {
-  auto it = std::find_if(derived_.begin(), derived_.end(), [&](const Derived& d) { return d.device == device; });
-  if (it == derived_.end()) it = derived_.insert(derived_.end(), Derived{device, 0, 0});
+// dropped from a full ring leave the derived values off until the pool's next locked event, and
+// cache-served events of other threads around a locked one may be counted on the wrong side of it.
+void TraceWriter::derive_pool_state_locked(trace::PoolState& pool) {
+  auto it = std::find_if(derived_.begin(), derived_.end(), [&](const Derived& d) { return d.pool == pool.pool; });
+  if (it == derived_.end()) it = derived_.insert(derived_.end(), Derived{pool.pool, 0, 0});
   if (pool.cache_delta == 0) {
     it->in_use = pool.in_use;
     it->cached = pool.cached;
@@ -668,6 +670,7 @@ void TraceWriter::child_after_fork() {
   io_failed_ = false;
   buf_used_ = 0;
   events_ = dropped_ = allocs_ = frees_ = ooms_ = 0;
+  derived_.clear();
   const pid_t pid = ::getpid();
   path_ = path_for_process(pattern_, pid, true);
   // The parent's rings hold the parent's events: abandon them. Only this thread's ring is

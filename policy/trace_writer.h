@@ -76,7 +76,7 @@ class TraceWriter final : public EventSink {
   bool open_file_locked(std::string* error);  // out_mu_ held
   void pass_locked();                         // out_mu_ held: drain all rings, write
   bool drain_ring_locked(Ring& ring);         // true when the ring is dead and empty
-  void derive_pool_state_locked(int device, trace::PoolState& pool);
+  void derive_pool_state_locked(trace::PoolState& pool);
   void format_event_locked(const trace::Record& r);
   void write_buffer_locked();
   void write_all_locked(const char* data, std::size_t size);
@@ -115,8 +115,8 @@ class TraceWriter final : public EventSink {
     std::uint64_t total_bytes;
   };
   std::vector<Device> devices_;
-  struct Derived {  // a device's in_use and cached as of the last event written
-    int device;
+  struct Derived {  // a pool's in_use and cached as of the last event written
+    std::uint64_t pool;
     std::uint64_t in_use, cached;
   };
   std::vector<Derived> derived_;

@@ -58,7 +58,7 @@ struct Event {
     // `t` orders events across threads: memory is handed out by the time an allocation returns
     // and given back no earlier than its free was called, so (alloc: end, free: start) is a
     // consistent order for every reuse of an address.
-    if (r.kind == EventKind::alloc || r.kind == EventKind::vmm_create || r.kind == EventKind::va_reserve) r.t_ns = end;
+    if (trace::timed_at_end(r.kind)) r.t_ns = end;
     r.rc = rc;
     r.size = size;
     r.ptr = ptr;

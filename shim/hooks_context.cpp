@@ -183,10 +183,11 @@ CUresult cuDevicePrimaryCtxReset_v2(Path, CUdevice device) {
 // ---- Pointer queries --------------------------------------------------------------------
 
 namespace {
-// Blocks this process opened from other processes' pools over CUDA IPC (see IPC below).
+// Blocks this process opened from other processes' pools over CUDA IPC (see IPC below). Never
+// destroyed: threads and exit handlers may still close or query after static destructors ran.
 ipc::ImportedBlocks& imported() {
-  static ipc::ImportedBlocks blocks;
-  return blocks;
+  static auto* blocks = new ipc::ImportedBlocks;
+  return *blocks;
 }
 
 bool imported_block_range(std::uint64_t ptr, std::uint64_t* start, std::uint64_t* size) {
@@ -296,30 +297,51 @@ bool write_place(unsigned char* handle, const ipc::BlockPlace& place, const char
   return false;
 }
 
-// Opens a handle through `open_real` (handle, &base) -> result; a handle that carries a block's
-// place opens its chunk, and the block is what the caller gets.
-template <typename Handle, typename OpenReal>
-auto open_handle(Handle handle, std::uint64_t* out, OpenReal open_real) {
-  ipc::BlockPlace place;
-  const bool block = ipc::decode(reinterpret_cast<unsigned char*>(handle.reserved), &place);
-  std::uint64_t base = 0;
-  const auto rc = open_real(handle, &base);
-  if (static_cast<int>(rc) == 0 && block) {
-    imported().opened(base + place.offset, base, place.size);
-    log_debug(fmt::format("IPC open: a pool block of {} bytes at offset {} of the chunk mapped at 0x{:x}",
-                          place.size, place.offset, base));
-    base += place.offset;
-  } else {
-    log_debug(fmt::format("IPC open: {} handle, result {}", block ? "a pool block's" : "a plain", static_cast<int>(rc)));
-  }
-  *out = base;
-  return rc;
+// Whether the chunk mapped at `base` holds the block: a check that the handle really carried a
+// place (its marker is only 4 bits, and a driver may use those bytes, as seen for 42 GB).
+bool chunk_holds(std::uint64_t base, const ipc::BlockPlace& place) {
+  CUdeviceptr start = 0;
+  size_t bytes = 0;
+  auto range = CUPOOL_REAL(cuMemGetAddressRange_v2);
+  return range && range(&start, &bytes, base) == CUDA_SUCCESS && start == base && place.offset < bytes &&
+         place.size <= bytes - place.offset;
 }
 
-// The pointer to give the driver's close: the chunk's mapping for a block opened above.
-std::uint64_t closing(std::uint64_t ptr) {
+// Opens a handle through `open_real` (handle, &base) -> result, and `close_real` (base). A
+// handle that carries a block's place opens its chunk, and the block is what the caller gets;
+// if it does not open that way, or the chunk cannot hold the block, the handle as it came is
+// opened instead (it was not one of cupool's).
+template <typename Handle, typename OpenReal, typename CloseReal>
+auto open_handle(const Handle& handle, std::uint64_t* out, OpenReal open_real, CloseReal close_real) {
+  Handle restored = handle;
+  ipc::BlockPlace place;
+  if (ipc::decode(reinterpret_cast<unsigned char*>(restored.reserved), &place)) {
+    std::uint64_t base = 0;
+    const auto rc = open_real(restored, &base);
+    if (static_cast<int>(rc) == 0 && chunk_holds(base, place)) {
+      imported().opened(base + place.offset, base, place.size);
+      log_debug(fmt::format("IPC open: a pool block of {} bytes at offset {} of the chunk mapped at 0x{:x}",
+                            place.size, place.offset, base));
+      *out = base + place.offset;
+      return rc;
+    }
+    if (static_cast<int>(rc) == 0) close_real(base);
+    log_debug("IPC open: the handle looked like a pool block's but is not; opening it as it came");
+    const auto as_came = open_real(handle, out);
+    // Both failed: the first error is the one about the chunk (the second is an invalid handle).
+    return static_cast<int>(as_came) != 0 && static_cast<int>(rc) != 0 ? rc : as_came;
+  }
+  return open_real(handle, out);
+}
+
+// Closes through `close_real` (pointer) -> result: for a block opened above, its chunk's mapping.
+template <typename CloseReal>
+auto close_handle(std::uint64_t ptr, CloseReal close_real) {
   std::uint64_t base = 0;
-  return imported().closing(ptr, &base) ? base : ptr;
+  if (!imported().chunk_of(ptr, &base)) return close_real(ptr);
+  const auto rc = close_real(base);
+  if (static_cast<int>(rc) == 0) imported().closed(ptr);
+  return rc;
 }
 }  // namespace
 
@@ -360,12 +382,18 @@ cudaError_t cudaIpcOpenMemHandle(Path, void** devPtr, cudaIpcMemHandle_t handle,
   if (!scope.outermost() || devPtr == nullptr) return real(devPtr, handle, flags);
   initialize();
   std::uint64_t ptr = 0;
-  const cudaError_t rc = open_handle(handle, &ptr, [&](cudaIpcMemHandle_t h, std::uint64_t* base) {
-    void* p = nullptr;
-    const cudaError_t r = real(&p, h, flags);
-    *base = reinterpret_cast<std::uintptr_t>(p);
-    return r;
-  });
+  auto close_real = CUPOOL_REAL(cudaIpcCloseMemHandle);
+  const cudaError_t rc = open_handle(
+      handle, &ptr,
+      [&](const cudaIpcMemHandle_t& h, std::uint64_t* base) {
+        void* p = nullptr;
+        const cudaError_t r = real(&p, h, flags);
+        *base = reinterpret_cast<std::uintptr_t>(p);
+        return r;
+      },
+      [&](std::uint64_t base) {
+        if (close_real) close_real(reinterpret_cast<void*>(base));
+      });
   if (rc == cudaSuccess) *devPtr = reinterpret_cast<void*>(ptr);
   return rc;
 }
@@ -377,12 +405,18 @@ CUresult cuIpcOpenMemHandle_v2(Path, CUdeviceptr* pdptr, CUipcMemHandle handle, 
   if (!scope.outermost() || pdptr == nullptr) return real(pdptr, handle, flags);
   initialize();
   std::uint64_t ptr = 0;
-  const CUresult rc = open_handle(handle, &ptr, [&](CUipcMemHandle h, std::uint64_t* base) {
-    CUdeviceptr p = 0;
-    const CUresult r = real(&p, h, flags);
-    *base = p;
-    return r;
-  });
+  auto close_real = CUPOOL_REAL(cuIpcCloseMemHandle);
+  const CUresult rc = open_handle(
+      handle, &ptr,
+      [&](const CUipcMemHandle& h, std::uint64_t* base) {
+        CUdeviceptr p = 0;
+        const CUresult r = real(&p, h, flags);
+        *base = p;
+        return r;
+      },
+      [&](std::uint64_t base) {
+        if (close_real) close_real(base);
+      });
   if (rc == CUDA_SUCCESS) *pdptr = ptr;
   return rc;
 }
@@ -392,7 +426,8 @@ cudaError_t cudaIpcCloseMemHandle(Path, void* devPtr) {
   auto real = CUPOOL_REAL(cudaIpcCloseMemHandle);
   if (!real) return cudaErrorInitializationError;
   if (!scope.outermost()) return real(devPtr);
-  return real(reinterpret_cast<void*>(closing(reinterpret_cast<std::uintptr_t>(devPtr))));
+  return close_handle(reinterpret_cast<std::uintptr_t>(devPtr),
+                      [&](std::uint64_t p) { return real(reinterpret_cast<void*>(p)); });
 }
 
 CUresult cuIpcCloseMemHandle(Path, CUdeviceptr dptr) {
@@ -400,7 +435,7 @@ CUresult cuIpcCloseMemHandle(Path, CUdeviceptr dptr) {
   auto real = CUPOOL_REAL(cuIpcCloseMemHandle);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   if (!scope.outermost()) return real(dptr);
-  return real(closing(dptr));
+  return close_handle(dptr, [&](std::uint64_t p) { return real(p); });
 }
 
 }  // namespace cupool::shim::impl

@@ -71,6 +71,7 @@ void fork_parent() {
   g_pools_mutex.unlock();
 }
 void fork_child() {
+  EventClock::after_fork_in_child();
   if (TraceWriter* w = g_writer.load()) w->child_after_fork();
   // CUDA contexts do not survive fork: the child starts with no pools and no driver memory.
   DevicePool::after_fork_in_child();

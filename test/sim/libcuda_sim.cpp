@@ -787,15 +787,19 @@ CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned) {
     // bytes 56..63 are not read at all.
     for (size_t i = sizeof h; i < 56; ++i)
         if (handle.reserved[i] != 0) return CUDA_ERROR_INVALID_HANDLE;
-    {
-        // The same handle opened again in this process: the same mapping, counted.
-        std::lock_guard<std::mutex> lk(g_mu);
+    // The same handle opened again in this process: the same mapping, counted (lock held).
+    auto reuse_locked = [&]() -> bool {
         for (auto& [base, a] : g_st->allocs)
             if (a.kind == KIND_IPC && a.ipc_pid == h.pid && a.ipc_buffer == h.buffer_id && a.ctx == c) {
                 ++a.ipc_opens;
                 *pdptr = static_cast<CUdeviceptr>(a.base + h.offset);
-                return CUDA_SUCCESS;
+                return true;
             }
+        return false;
+    };
+    {
+        std::lock_guard<std::mutex> lk(g_mu);
+        if (reuse_locked()) return CUDA_SUCCESS;
     }
     char path[64];
     std::snprintf(path, sizeof path, "/proc/%d/fd/%d", h.pid, h.fd);
@@ -824,6 +828,10 @@ CUresult ipc_open(CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned) {
     a.ipc_buffer = h.buffer_id;
     a.ipc_opens = 1;
     std::lock_guard<std::mutex> lk(g_mu);
+    if (reuse_locked()) {  // another thread opened it meanwhile
+        munmap(p, h.size);
+        return CUDA_SUCCESS;
+    }
     a.buffer_id = g_st->next_id++;
     g_st->allocs[a.base] = a;
     *pdptr = static_cast<CUdeviceptr>(a.base + h.offset);
@@ -1914,7 +1922,9 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     {
         std::lock_guard<std::mutex> lk(g_mu);
         auto it = find_alloc_locked(static_cast<uintptr_t>(dptr));
-        if (it == g_st->allocs.end() || it->second.kind != KIND_IPC) return CUDA_ERROR_INVALID_VALUE;
+        // As the driver: the address the open returned, not one inside it.
+        if (it == g_st->allocs.end() || it->second.kind != KIND_IPC || it->first != static_cast<uintptr_t>(dptr))
+            return CUDA_ERROR_INVALID_VALUE;
         if (--it->second.ipc_opens > 0) return CUDA_SUCCESS;
         u = erase_alloc_locked(it);
     }

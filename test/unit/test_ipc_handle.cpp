@@ -64,11 +64,13 @@ TEST_CASE("ipc: imported blocks answer range queries and close their chunk once 
   CHECK_FALSE(blocks.range(0x10000 + 4096 + 8192, &start, &size));
   CHECK_FALSE(blocks.range(0xffff, &start, &size));
   std::uint64_t base = 0;
-  CHECK_FALSE(blocks.closing(0x10000 + 8, &base));  // not a pointer this process opened
-  REQUIRE(blocks.closing(0x10000 + 4096, &base));
+  CHECK_FALSE(blocks.chunk_of(0x10000 + 8, &base));  // not a pointer this process opened
+  REQUIRE(blocks.chunk_of(0x10000 + 4096, &base));
   CHECK(base == 0x10000);
-  REQUIRE(blocks.closing(0x10000 + 4096, &base));
-  CHECK_FALSE(blocks.closing(0x10000 + 4096, &base));
-  REQUIRE(blocks.closing(0x10000, &base));
+  blocks.closed(0x10000 + 4096);
+  REQUIRE(blocks.chunk_of(0x10000 + 4096, &base));  // opened twice: still open once
+  blocks.closed(0x10000 + 4096);
+  CHECK_FALSE(blocks.chunk_of(0x10000 + 4096, &base));
+  blocks.closed(0x10000);
   CHECK(blocks.empty());
 }

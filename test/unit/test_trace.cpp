@@ -280,7 +280,7 @@ TEST_CASE("an event the VMM mapping cache served says \"recycled\":true; others 
   CHECK(read_all(w->path()).size() == 2);  // readers of 1.0 skip the key
 }
 
-TEST_CASE("events a thread cache served get in_use and cached from the last locked event of their device", "[trace]") {
+TEST_CASE("events a thread cache served get in_use and cached from the last locked event of their pool", "[trace]") {
   TempDir dir;
   const std::string path = dir.path + "/t.jsonl";
   auto w = open_writer(trace_config(path));
@@ -294,6 +294,7 @@ TEST_CASE("events a thread cache served get in_use and cached from the last lock
     r.pool.in_use = in_use;
     r.pool.cached = cached;
     r.pool.cache_delta = delta;
+    r.pool.pool = 100 + static_cast<std::uint64_t>(dev);  // one pool per device here
     return r;
   };
   // Recorded out of order: the writer derives in time order.
@@ -301,7 +302,7 @@ TEST_CASE("events a thread cache served get in_use and cached from the last lock
   w->record(ev(10, 0, 1000, 512, 0));  // locked: the device's values
   w->record(ev(20, 0, 0, 0, 256));   // an allocation from a cache
   w->record(ev(15, 1, 5, 0, 0));
-  w->record(ev(25, 1, 0, 0, 256));   // more than device 1 had cached: never below zero
+  w->record(ev(25, 1, 0, 0, 256));   // more than pool 101 had cached: never below zero
   w->close();
   const auto events = read_all(path);
   REQUIRE(events.size() == 5);
@@ -314,21 +315,37 @@ TEST_CASE("stamped events are written in CLOCK_MONOTONIC nanoseconds", "[trace]"
   TempDir dir;
   const std::string path = dir.path + "/t.jsonl";
   auto w = open_writer(trace_config(path));
-  const std::uint64_t before = EventClock::now();
-  trace::Record r;
-  r.api = "cudaMalloc";
-  r.stamped = true;
-  r.t_ns = EventClock::stamp();
-  std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  r.dur_ns = EventClock::stamp() - r.t_ns;
-  const std::uint64_t after = EventClock::now();
-  w->record(r);
+  // As the hooks stamp them: an allocation is placed at its end, a free at its start.
+  auto timed = [](trace::EventKind kind, std::uint64_t* before, std::uint64_t* after) {
+    trace::Record r;
+    r.api = "cudaMalloc";
+    r.kind = kind;
+    r.stamped = true;
+    *before = EventClock::now();
+    const std::uint64_t start = EventClock::stamp();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const std::uint64_t end = EventClock::stamp();
+    *after = EventClock::now();
+    r.t_ns = trace::timed_at_end(kind) ? end : start;
+    r.dur_ns = end - start;
+    return r;
+  };
+  std::uint64_t alloc_before = 0, alloc_after = 0, free_before = 0, free_after = 0;
+  w->record(timed(trace::EventKind::alloc, &alloc_before, &alloc_after));
+  w->record(timed(trace::EventKind::free, &free_before, &free_after));
   w->close();
   const auto events = read_all(path);
-  REQUIRE(events.size() == 1);
-  CHECK(events[0].t_ns >= before);
-  CHECK(events[0].t_ns + events[0].dur_ns <= after);
-  CHECK(events[0].dur_ns >= 2'000'000);
+  REQUIRE(events.size() == 2);
+  const Event& a = events[0];
+  const Event& f = events[1];
+  CHECK(a.kind == trace::EventKind::alloc);
+  CHECK(a.t_ns - a.dur_ns >= alloc_before);
+  CHECK(a.t_ns <= alloc_after);
+  CHECK(a.dur_ns >= 2'000'000);
+  CHECK(f.kind == trace::EventKind::free);
+  CHECK(f.t_ns >= free_before);
+  CHECK(f.t_ns + f.dur_ns <= free_after);
+  CHECK(f.dur_ns >= 2'000'000);
 }
 
 TEST_CASE("a full ring drops events, counts them, and says so", "[trace]") {
