@@ -17,6 +17,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../integration/programs/child_process.hpp"
+
 namespace {
 
 int g_fail = 0;
@@ -440,11 +442,7 @@ void test_contexts() {
 
 int ipc_child(const char* hex) {
     CUipcMemHandle h{};
-    for (size_t i = 0; i < sizeof h.reserved; ++i) {
-        unsigned v = 0;
-        std::sscanf(hex + 2 * i, "%2x", &v);
-        h.reserved[i] = static_cast<char>(v);
-    }
+    prog::from_hex(hex, &h, sizeof h);
     if (p_cuInit(0) != CUDA_SUCCESS) return 10;
     CUcontext c = nullptr;
     if (p_cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS || p_cuCtxSetCurrent(c) != CUDA_SUCCESS) return 11;
@@ -486,19 +484,10 @@ int fail_child() {
     return 0;
 }
 
-int run_child(std::vector<std::string> args, const char* env_kv) {
-    pid_t pid = fork();
-    if (pid == 0) {
+int run_child(const std::vector<std::string>& args, const char* env_kv) {
+    return prog::run_self(args, [&] {
         if (env_kv) putenv(const_cast<char*>(env_kv));
-        std::vector<char*> argv;
-        for (auto& a : args) argv.push_back(a.data());
-        argv.push_back(nullptr);
-        execv("/proc/self/exe", argv.data());
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    });
 }
 
 void test_ipc_and_fork() {
@@ -508,12 +497,7 @@ void test_ipc_and_fork() {
     for (int i = 0; i < 3 * 4096; ++i) u[i] = static_cast<unsigned char>(i * 3);
     CUipcMemHandle h{};
     OK(p_cuIpcGetMemHandle(&h, p + 4096));
-    std::string hex;
-    char b[3];
-    for (char c : h.reserved) {
-        std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(c));
-        hex += b;
-    }
+    const std::string hex = prog::to_hex(&h, sizeof h);
     int rc = run_child({"prog_sim_selftest", "--ipc-child", hex}, nullptr);
     CHECK(rc == 0);
     bool ok = true;

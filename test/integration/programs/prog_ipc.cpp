@@ -7,7 +7,6 @@
 // driver would open the chunk's start) and still open the first block's.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,28 +17,17 @@
 #include <vector>
 
 #include "prog_common.hpp"
+#include "child_process.hpp"
 
 namespace {
 
 constexpr size_t kBytes = 1 << 20;
 
-std::string to_hex(const cudaIpcMemHandle_t& h) {
-    std::string s;
-    char b[3];
-    for (char c : h.reserved) {
-        std::snprintf(b, sizeof b, "%02x", static_cast<unsigned char>(c));
-        s += b;
-    }
-    return s;
-}
+std::string to_hex(const cudaIpcMemHandle_t& h) { return prog::to_hex(&h, sizeof h); }
 
 cudaIpcMemHandle_t from_hex(const char* hex) {
     cudaIpcMemHandle_t h{};
-    for (size_t i = 0; i < sizeof h.reserved; ++i) {
-        unsigned v = 0;
-        std::sscanf(hex + 2 * i, "%2x", &v);
-        h.reserved[i] = static_cast<char>(v);
-    }
+    prog::from_hex(hex, &h, sizeof h);
     return h;
 }
 
@@ -96,18 +84,9 @@ int plain_importer(const char* hex_a, const char* hex_b, bool expect_refusal) {
 }
 
 int run_child(const std::vector<std::string>& args, bool without_cupool) {
-    const pid_t pid = fork();
-    if (pid == 0) {
+    return prog::run_self(args, [&] {
         if (without_cupool) unsetenv("LD_PRELOAD");
-        std::vector<char*> argv;
-        for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-        argv.push_back(nullptr);
-        execv("/proc/self/exe", argv.data());
-        _exit(127);
-    }
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    });
 }
 
 }  // namespace
