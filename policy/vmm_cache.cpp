@@ -163,7 +163,7 @@ void VmmCache::poll(Upstream* owner) {
 
 std::uint64_t VmmCache::take(Upstream* owner, std::uint64_t size, const VmmProps& props, bool room) {
   if (owner == nullptr) return 0;
-  std::lock_guard lock(mu_);
+  Lock lock(mu_);
   const Key key{owner, size, props};
   auto safe_one = [&]() -> std::uint64_t {
     auto it = free_.find(key);
@@ -178,18 +178,27 @@ std::uint64_t VmmCache::take(Upstream* owner, std::uint64_t size, const VmmProps
   if (std::uint64_t h = safe_one()) return h;
   if (free_.find(key) == free_.end()) return 0;  // nothing of this size: create for real
 
+  // Waits (a synchronize, a fence) happen with the lock dropped: they last as long as the
+  // device's queue, and other threads' VMM calls, or a host callback the device is waiting for,
+  // must not queue behind them.
   if (mode_ == FreeMode::sync) {
-    // What cudaFree does: wait for the device; then every mapping freed so far is reusable.
+    // What cudaFree does: wait for the device; then every mapping freed before the wait began
+    // is reusable.
+    std::vector<std::uint64_t> before;
+    for (std::uint64_t id : pending_)
+      if (const Entry* e = by_id(id); e && e->stage == Stage::pending && e->owner == owner) before.push_back(id);
+    lock.unlock();
     owner->synchronize();
+    lock.lock();
     ++stats_.synchronizes;
-    std::vector<std::uint64_t> rest;
-    for (std::uint64_t id : pending_) {
-      Entry* e = by_id(id);
-      if (e == nullptr || e->stage != Stage::pending) continue;
-      if (e->owner == owner) make_safe(id, *e);
-      else rest.push_back(id);
-    }
-    pending_.swap(rest);
+    for (std::uint64_t id : before)
+      if (Entry* e = by_id(id); e && e->stage == Stage::pending) make_safe(id, *e);
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                  [&](std::uint64_t id) {
+                                    const Entry* e = by_id(id);
+                                    return e == nullptr || e->stage != Stage::pending;
+                                  }),
+                   pending_.end());
     return safe_one();
   }
 
@@ -203,24 +212,32 @@ std::uint64_t VmmCache::take(Upstream* owner, std::uint64_t size, const VmmProps
   poll(owner);
   if (std::uint64_t h = safe_one()) return h;
   if (auto it = per_key_.find(key); room && (it == per_key_.end() || it->second < kMaxPerKey)) return 0;
-  for (std::size_t i = 0; i < batches_.size(); ++i) {
-    Batch& b = batches_[i];
-    if (b.owner != owner) continue;
-    const bool holds_key = std::any_of(b.ids.begin(), b.ids.end(), [&](std::uint64_t id) {
-      const Entry* e = by_id(id);
-      return e && e->stage == Stage::fenced && e->size == size && e->props == props;
-    });
-    if (!holds_key) continue;
-    owner->wait_fence(b.fence);
-    ++stats_.fence_waits;
-    // This fence and every older one of the owner have retired.
+  const auto holds_key = [&](const Batch& b) {
+    return b.owner == owner && std::any_of(b.ids.begin(), b.ids.end(), [&](std::uint64_t id) {
+             const Entry* e = by_id(id);
+             return e && e->stage == Stage::fenced && e->size == size && e->props == props;
+           });
+  };
+  const auto oldest = std::find_if(batches_.begin(), batches_.end(), holds_key);
+  if (oldest == batches_.end()) return 0;
+  const FenceId fence = oldest->fence;
+  lock.unlock();
+  owner->wait_fence(fence);
+  lock.lock();
+  ++stats_.fence_waits;
+  // That fence and every older one of the owner have retired (fences of one owner retire in
+  // order); another thread may have retired some of them meanwhile.
+  const auto waited = std::find_if(batches_.begin(), batches_.end(),
+                                   [&](const Batch& b) { return b.owner == owner && b.fence == fence; });
+  if (waited != batches_.end()) {
+    const auto last = static_cast<std::size_t>(waited - batches_.begin());
     std::size_t j = 0;
     for (std::size_t k = 0; k < batches_.size(); ++k) {
       Batch& c = batches_[k];
-      if (k <= i && c.owner == owner) {
-        // Retired, since fences of one owner retire in order; asking lets the upstream forget
-        // (and recycle) the fence's events, which it does only once it has seen it retired.
-        if (k < i) owner->fence_retired(c.fence);
+      if (k <= last && c.owner == owner) {
+        // Asking lets the upstream forget (and recycle) the fence's events, which it does only
+        // once it has seen it retired.
+        if (k < last) owner->fence_retired(c.fence);
         for (std::uint64_t id : c.ids)
           if (Entry* e = by_id(id); e && e->stage == Stage::fenced) make_safe(id, *e);
       } else {
@@ -229,9 +246,8 @@ std::uint64_t VmmCache::take(Upstream* owner, std::uint64_t size, const VmmProps
       }
     }
     batches_.resize(j);
-    return safe_one();
   }
-  return 0;
+  return safe_one();
 }
 
 void VmmCache::created(Upstream* owner, std::uint64_t handle, std::uint64_t size, const VmmProps& props) {

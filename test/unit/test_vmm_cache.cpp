@@ -4,7 +4,12 @@
 // driver's state is exactly what the program believes, or more (mappings kept for reuse).
 #include <catch2/catch.hpp>
 
+#include <chrono>
+#include <condition_variable>
+#include <future>
 #include <cstdint>
+#include <mutex>
+#include <thread>
 #include <map>
 #include <set>
 #include <string>
@@ -413,6 +418,78 @@ TEST_CASE("vmm cache: deferred mode waits once a size has enough mappings", "[vm
   CHECK(up.counters().fence_waits == 1);
   CHECK(next.h == handles.front());
   CHECK(prog.driver_calls == 4 * VmmCache::kMaxPerKey);
+}
+
+namespace {
+// A SimUpstream whose synchronize and fence waits block until the test opens the gate: the
+// device still busy, for as long as the test likes.
+struct GatedUpstream : Upstream {
+  SimUpstream sim{16ull << 30};
+  std::mutex m;
+  std::condition_variable cv;
+  bool open = false, blocked = false;
+
+  void gate() {
+    std::unique_lock l(m);
+    blocked = true;
+    cv.notify_all();
+    cv.wait(l, [&] { return open; });
+  }
+  void wait_until_blocked() {
+    std::unique_lock l(m);
+    cv.wait(l, [&] { return blocked; });
+  }
+  void open_gate() {
+    std::lock_guard l(m);
+    open = true;
+    cv.notify_all();
+  }
+  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* code) override { return sim.reserve(bytes, base, code); }
+  void release(std::uint64_t base, std::size_t bytes) override { sim.release(base, bytes); }
+  void device_memory(std::size_t* total, std::size_t* free) override { sim.device_memory(total, free); }
+  void synchronize() override {
+    gate();
+    sim.synchronize();
+  }
+  bool needs_fences() override { return sim.needs_fences(); }
+  FenceId place_fence() override { return sim.place_fence(); }
+  bool fence_retired(FenceId f) override { return sim.fence_retired(f); }
+  void wait_fence(FenceId f) override {
+    gate();
+    sim.wait_fence(f);
+  }
+};
+}  // namespace
+
+TEST_CASE("vmm cache: a wait for the device does not hold up other threads' calls", "[vmm]") {
+  for (const FreeMode mode : {FreeMode::deferred, FreeMode::sync}) {
+    INFO((mode == FreeMode::sync ? "sync" : "deferred"));
+    GatedUpstream up;
+    up.sim.set_needs_fences(true);
+    up.sim.set_pending_work(true);
+    FakeDriver drv;
+    VmmCache cache(drv, mode);
+    Program prog{cache, drv, &up};
+    std::vector<Program::Buffer> freed;
+    const std::size_t n = mode == FreeMode::deferred ? VmmCache::kMaxPerKey : 1;
+    for (std::size_t i = 0; i < n; ++i) freed.push_back(prog.allocate(2 * MiB));
+    for (const auto& b : freed) prog.free(b);
+    // The next 2 MiB buffer must wait for the device (a fence, or a synchronize).
+    std::uint64_t got = 0;
+    std::thread waiter([&] { got = cache.take(&up, 2 * MiB, props()); });
+    up.wait_until_blocked();
+    // Meanwhile another thread's calls go through: a size the cache has not seen, the stats.
+    // (Were they held up, the gate opens after 10 s and the check fails instead of hanging.)
+    auto other = std::async(std::launch::async, [&] {
+      return cache.take(&up, 4 * MiB, props()) == 0 && cache.stats().entries == n;
+    });
+    const bool went_through = other.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+    CHECK(went_through);
+    up.open_gate();
+    CHECK(other.get());
+    waiter.join();
+    CHECK(got == freed.front().h);
+  }
 }
 
 TEST_CASE("vmm cache: a retired younger fence makes the older ones reusable too", "[vmm]") {
