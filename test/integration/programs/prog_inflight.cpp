@@ -5,26 +5,11 @@
 // kernel saw the original data.
 #include <cuda_runtime_api.h>
 
-#include <atomic>
-#include <chrono>
-#include <thread>
-
 #include "prog_common.hpp"
+#include "slow_reader.hpp"
 
 namespace {
-constexpr size_t kBytes = 4 << 20;
-struct KernelArgs {
-    const unsigned char* p;
-    std::atomic<int> saw_original{-1};
-};
-void CUDART_CB kernel(void* u) {
-    auto* a = static_cast<KernelArgs*>(u);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    bool ok = true;
-    for (size_t i = 0; i < kBytes; i += 64) ok &= a->p[i] == 0xa5;
-    ok &= a->p[kBytes - 1] == 0xa5;
-    a->saw_original = ok ? 1 : 0;
-}
+constexpr size_t kBytes = prog::kSlowReadBytes;
 }  // namespace
 
 int main() {
@@ -36,10 +21,10 @@ int main() {
     if (!p) return prog::finish(prog::Json());
     ++allocs;
     bytes += kBytes;
-    RT(cudaMemset(p, 0xa5, kBytes));
-    KernelArgs args;
+    RT(cudaMemset(p, prog::kOriginalByte, kBytes));
+    prog::SlowRead args;
     args.p = static_cast<const unsigned char*>(p);
-    RT(cudaLaunchHostFunc(s, kernel, &args));
+    RT(cudaLaunchHostFunc(s, prog::slow_read, &args));
     RT(cudaFree(p));  // must not return before the kernel is done with p
     ++frees;
     void* q = nullptr;

@@ -9,26 +9,11 @@
 // Exit 0 only if every kernel saw the original data.
 #include <cuda_runtime_api.h>
 
-#include <atomic>
-#include <chrono>
-#include <thread>
-
 #include "prog_common.hpp"
+#include "slow_reader.hpp"
 
 namespace {
-constexpr size_t kBytes = 4 << 20;
-struct KernelArgs {
-    const unsigned char* p;
-    std::atomic<int> saw_original{-1};
-};
-void CUDART_CB kernel(void* u) {
-    auto* a = static_cast<KernelArgs*>(u);
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    bool ok = true;
-    for (size_t i = 0; i < kBytes; i += 64) ok &= a->p[i] == 0xa5;
-    ok &= a->p[kBytes - 1] == 0xa5;
-    a->saw_original = ok ? 1 : 0;
-}
+constexpr size_t kBytes = prog::kSlowReadBytes;
 
 long long allocs = 0, frees = 0, bytes = 0;
 
@@ -40,10 +25,10 @@ bool round(cudaStream_t reader, cudaStream_t* writer, bool create_writer) {
     if (!p) return false;
     ++allocs;
     bytes += kBytes;
-    RT(cudaMemset(p, 0xa5, kBytes));
-    KernelArgs args;
+    RT(cudaMemset(p, prog::kOriginalByte, kBytes));
+    prog::SlowRead args;
     args.p = static_cast<const unsigned char*>(p);
-    RT(cudaLaunchHostFunc(reader, kernel, &args));
+    RT(cudaLaunchHostFunc(reader, prog::slow_read, &args));
     RT(cudaFree(p));
     ++frees;
     if (create_writer) RT(cudaStreamCreate(writer));
