@@ -141,14 +141,25 @@ struct Program {
   }
 };
 
+// One context's mappings as the tests drive them: the driver's side, the cache and the program.
+// `fences`: the program has streams of its own (deferred frees need fences); `busy`: device work
+// is in flight, so fences retire only at complete_all().
+struct Context {
+  SimUpstream up{16ull << 30};
+  FakeDriver drv;
+  VmmCache cache;
+  Program prog{cache, drv, &up};
+  Context(FreeMode mode, bool fences, bool busy) : cache(drv, mode) {
+    up.set_needs_fences(fences);
+    up.set_pending_work(busy);
+  }
+};
+
 }  // namespace
 
 TEST_CASE("vmm cache: a repeated size costs no driver call", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(false);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, false, false);
+  auto& [up, drv, cache, prog] = ctx;
 
   auto a = prog.allocate(2 * MiB);
   CHECK(prog.driver_calls == 4);  // create, reserve, map, set access
@@ -175,11 +186,8 @@ TEST_CASE("vmm cache: a repeated size costs no driver call", "[vmm]") {
 }
 
 TEST_CASE("vmm cache: frees in any order", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(false);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, false, false);
+  auto& [up, drv, cache, prog] = ctx;
   auto a = prog.allocate(2 * MiB);
   const int base = prog.driver_calls;
 
@@ -208,11 +216,8 @@ TEST_CASE("vmm cache: frees in any order", "[vmm]") {
 }
 
 TEST_CASE("vmm cache: set access with other descriptors goes to the driver", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(false);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, false, false);
+  auto& [up, drv, cache, prog] = ctx;
   auto a = prog.allocate(2 * MiB);
   CHECK(cache.set_access(a.va, a.size, rw()) == Verdict::served);
   CHECK(cache.set_access(a.va, a.size, rw(1)) == Verdict::forward);
@@ -226,10 +231,8 @@ TEST_CASE("vmm cache: set access with other descriptors goes to the driver", "[v
 }
 
 TEST_CASE("vmm cache: what is not one handle over one reservation of its size is never cached", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(false);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
+  Context ctx(FreeMode::deferred, false, false);
+  auto& [up, drv, cache, prog] = ctx;
 
   SECTION("a reservation larger than the handle (expandable segments)") {
     const std::uint64_t h1 = drv.real_create(), h2 = drv.real_create();
@@ -275,11 +278,8 @@ TEST_CASE("vmm cache: what is not one handle over one reservation of its size is
 }
 
 TEST_CASE("vmm cache: mismatches make the driver's state the program's before the call", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(false);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, false, false);
+  auto& [up, drv, cache, prog] = ctx;
   auto a = prog.allocate(2 * MiB);
 
   SECTION("a handed-out handle mapped at another reservation") {
@@ -356,10 +356,8 @@ TEST_CASE("vmm cache: mismatches make the driver's state the program's before th
 }
 
 TEST_CASE("vmm cache: sync mode reuses only after a synchronize", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::sync);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::sync, true, false);
+  auto& [up, drv, cache, prog] = ctx;
   auto a = prog.allocate(2 * MiB);
   auto b = prog.allocate(2 * MiB);
   prog.free(a);
@@ -374,12 +372,8 @@ TEST_CASE("vmm cache: sync mode reuses only after a synchronize", "[vmm]") {
 }
 
 TEST_CASE("vmm cache: deferred mode reuses behind fences", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(true);
-  up.set_pending_work(true);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, true, true);
+  auto& [up, drv, cache, prog] = ctx;
   auto a = prog.allocate(2 * MiB);
   prog.free(a);
   CHECK(up.counters().fences_placed == 1);  // at the free
@@ -400,12 +394,8 @@ TEST_CASE("vmm cache: deferred mode reuses behind fences", "[vmm]") {
 }
 
 TEST_CASE("vmm cache: deferred mode waits once a size has enough mappings", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(true);
-  up.set_pending_work(true);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, true, true);
+  auto& [up, drv, cache, prog] = ctx;
   std::vector<std::uint64_t> handles;
   for (std::size_t i = 0; i < VmmCache::kMaxPerKey; ++i) {
     auto m = prog.allocate(2 * MiB);
@@ -493,12 +483,8 @@ TEST_CASE("vmm cache: a wait for the device does not hold up other threads' call
 }
 
 TEST_CASE("vmm cache: a retired younger fence makes the older ones reusable too", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(true);
-  up.set_pending_work(true);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, true, true);
+  auto& [up, drv, cache, prog] = ctx;
   auto a = prog.allocate(2 * MiB);
   auto b = prog.allocate(4 * MiB);
   prog.free(a);  // fence 1
@@ -512,12 +498,10 @@ TEST_CASE("vmm cache: a retired younger fence makes the older ones reusable too"
 }
 
 TEST_CASE("vmm cache: memory pressure gives free mappings back", "[vmm]") {
-  SimUpstream up(16ull << 30), other(16ull << 30);
-  up.set_needs_fences(false);
+  SimUpstream other(16ull << 30);
   other.set_needs_fences(false);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, false, false);
+  auto& [up, drv, cache, prog] = ctx;
   Program prog2{cache, drv, &other};
   auto a = prog.allocate(2 * MiB);
   auto b = prog.allocate(4 * MiB);
@@ -540,12 +524,8 @@ TEST_CASE("vmm cache: memory pressure gives free mappings back", "[vmm]") {
 }
 
 TEST_CASE("vmm cache: a context that goes away is forgotten without driver calls", "[vmm]") {
-  SimUpstream up(16ull << 30), other(16ull << 30);
-  up.set_needs_fences(true);
-  up.set_pending_work(true);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, true, true);
+  auto& [up, drv, cache, prog] = ctx;
   auto a = prog.allocate(2 * MiB);
   auto b = prog.allocate(2 * MiB);
   prog.free(a);
@@ -559,11 +539,8 @@ TEST_CASE("vmm cache: a context that goes away is forgotten without driver calls
 }
 
 TEST_CASE("vmm cache: a steady loop of XLA's sequence settles into hits only", "[vmm]") {
-  SimUpstream up(16ull << 30);
-  up.set_needs_fences(true);
-  FakeDriver drv;
-  VmmCache cache(drv, FreeMode::deferred);
-  Program prog{cache, drv, &up};
+  Context ctx(FreeMode::deferred, true, false);
+  auto& [up, drv, cache, prog] = ctx;
   const std::uint64_t sizes[] = {2 * MiB, 4 * MiB, 2 * MiB, 8 * MiB, 2 * MiB};
   int calls_after_warmup = 0;
   for (int step = 0; step < 20; ++step) {
