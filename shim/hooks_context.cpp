@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <string>
+#include <type_traits>
 
 #include "device_pool.h"
 #include "hook_table.h"
@@ -307,40 +308,53 @@ bool chunk_holds(std::uint64_t base, const ipc::BlockPlace& place) {
          place.size <= bytes - place.offset;
 }
 
-// Opens a handle through `open_real` (handle, &base) -> result, and `close_real` (base). A
-// handle that carries a block's place opens its chunk, and the block is what the caller gets;
-// if it does not open that way, or the chunk cannot hold the block, the handle as it came is
-// opened instead (it was not one of cupool's).
-template <typename Handle, typename OpenReal, typename CloseReal>
-auto open_handle(const Handle& handle, std::uint64_t* out, OpenReal open_real, CloseReal close_real) {
-  Handle restored = handle;
-  ipc::BlockPlace place;
-  if (ipc::decode(reinterpret_cast<unsigned char*>(restored.reserved), &place)) {
-    std::uint64_t base = 0;
-    const auto rc = open_real(restored, &base);
-    if (static_cast<int>(rc) == 0 && chunk_holds(base, place)) {
-      imported().opened(base + place.offset, base, place.size);
-      log_debug(fmt::format("IPC open: a pool block of {} bytes at offset {} of the chunk mapped at 0x{:x}",
-                            place.size, place.offset, base));
-      *out = base + place.offset;
-      return rc;
-    }
-    if (static_cast<int>(rc) == 0) close_real(base);
-    log_debug("IPC open: the handle looked like a pool block's but is not; opening it as it came");
-    const auto as_came = open_real(handle, out);
-    // Both failed: the first error is the one about the chunk (the second is an invalid handle).
-    return static_cast<int>(as_came) != 0 && static_cast<int>(rc) != 0 ? rc : as_came;
-  }
-  return open_real(handle, out);
+// The runtime's device pointers are void*, the driver's CUdeviceptr: both as addresses.
+template <typename Ptr>
+std::uint64_t address(Ptr p) {
+  if constexpr (std::is_pointer_v<Ptr>) return reinterpret_cast<std::uintptr_t>(p);
+  else return static_cast<std::uint64_t>(p);
+}
+template <typename Ptr>
+Ptr pointer(std::uint64_t a) {
+  if constexpr (std::is_pointer_v<Ptr>) return reinterpret_cast<Ptr>(static_cast<std::uintptr_t>(a));
+  else return static_cast<Ptr>(a);
 }
 
-// Closes through `close_real` (pointer) -> result: for a block opened above, its chunk's mapping.
-template <typename CloseReal>
-auto close_handle(std::uint64_t ptr, CloseReal close_real) {
+// cudaIpcOpenMemHandle / cuIpcOpenMemHandle_v2 through the real `open` (and `close`). A handle
+// that carries a block's place opens its chunk, and the block is what the caller gets; if it
+// does not open that way, or the chunk cannot hold the block, the handle as it came is opened
+// instead (it was not one of cupool's).
+template <typename Result, typename Ptr, typename Handle>
+Result open_handle(Result (*open)(Ptr*, Handle, unsigned), Result (*close)(Ptr), Ptr* out, const Handle& handle,
+                   unsigned flags) {
+  Handle restored = handle;
+  ipc::BlockPlace place;
+  if (!ipc::decode(reinterpret_cast<unsigned char*>(restored.reserved), &place)) return open(out, handle, flags);
+  Ptr mapped{};
+  const Result rc = open(&mapped, restored, flags);
+  const std::uint64_t base = address(mapped);
+  if (static_cast<int>(rc) == 0 && chunk_holds(base, place)) {
+    imported().opened(base + place.offset, base, place.size);
+    log_debug(fmt::format("IPC open: a pool block of {} bytes at offset {} of the chunk mapped at 0x{:x}", place.size,
+                          place.offset, base));
+    *out = pointer<Ptr>(base + place.offset);
+    return rc;
+  }
+  if (static_cast<int>(rc) == 0 && close) close(mapped);
+  log_debug("IPC open: the handle looked like a pool block's but is not; opening it as it came");
+  const Result as_came = open(out, handle, flags);
+  // Both failed: the first error is the one about the chunk (the second is an invalid handle).
+  return static_cast<int>(as_came) != 0 && static_cast<int>(rc) != 0 ? rc : as_came;
+}
+
+// cudaIpcCloseMemHandle / cuIpcCloseMemHandle through the real `close`: for a block opened
+// above, its chunk's mapping.
+template <typename Result, typename Ptr>
+Result close_handle(Result (*close)(Ptr), Ptr ptr) {
   std::uint64_t base = 0;
-  if (!imported().chunk_of(ptr, &base)) return close_real(ptr);
-  const auto rc = close_real(base);
-  if (static_cast<int>(rc) == 0) imported().closed(ptr);
+  if (!imported().chunk_of(address(ptr), &base)) return close(ptr);
+  const Result rc = close(pointer<Ptr>(base));
+  if (static_cast<int>(rc) == 0) imported().closed(address(ptr));
   return rc;
 }
 }  // namespace
@@ -381,21 +395,7 @@ cudaError_t cudaIpcOpenMemHandle(Path, void** devPtr, cudaIpcMemHandle_t handle,
   if (!real) return cudaErrorInitializationError;
   if (!scope.outermost() || devPtr == nullptr) return real(devPtr, handle, flags);
   initialize();
-  std::uint64_t ptr = 0;
-  auto close_real = CUPOOL_REAL(cudaIpcCloseMemHandle);
-  const cudaError_t rc = open_handle(
-      handle, &ptr,
-      [&](const cudaIpcMemHandle_t& h, std::uint64_t* base) {
-        void* p = nullptr;
-        const cudaError_t r = real(&p, h, flags);
-        *base = reinterpret_cast<std::uintptr_t>(p);
-        return r;
-      },
-      [&](std::uint64_t base) {
-        if (close_real) close_real(reinterpret_cast<void*>(base));
-      });
-  if (rc == cudaSuccess) *devPtr = reinterpret_cast<void*>(ptr);
-  return rc;
+  return open_handle(real, CUPOOL_REAL(cudaIpcCloseMemHandle), devPtr, handle, flags);
 }
 
 CUresult cuIpcOpenMemHandle_v2(Path, CUdeviceptr* pdptr, CUipcMemHandle handle, unsigned int flags) {
@@ -404,38 +404,21 @@ CUresult cuIpcOpenMemHandle_v2(Path, CUdeviceptr* pdptr, CUipcMemHandle handle, 
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   if (!scope.outermost() || pdptr == nullptr) return real(pdptr, handle, flags);
   initialize();
-  std::uint64_t ptr = 0;
-  auto close_real = CUPOOL_REAL(cuIpcCloseMemHandle);
-  const CUresult rc = open_handle(
-      handle, &ptr,
-      [&](const CUipcMemHandle& h, std::uint64_t* base) {
-        CUdeviceptr p = 0;
-        const CUresult r = real(&p, h, flags);
-        *base = p;
-        return r;
-      },
-      [&](std::uint64_t base) {
-        if (close_real) close_real(base);
-      });
-  if (rc == CUDA_SUCCESS) *pdptr = ptr;
-  return rc;
+  return open_handle(real, CUPOOL_REAL(cuIpcCloseMemHandle), pdptr, handle, flags);
 }
 
 cudaError_t cudaIpcCloseMemHandle(Path, void* devPtr) {
   HookScope scope;
   auto real = CUPOOL_REAL(cudaIpcCloseMemHandle);
   if (!real) return cudaErrorInitializationError;
-  if (!scope.outermost()) return real(devPtr);
-  return close_handle(reinterpret_cast<std::uintptr_t>(devPtr),
-                      [&](std::uint64_t p) { return real(reinterpret_cast<void*>(p)); });
+  return scope.outermost() ? close_handle(real, devPtr) : real(devPtr);
 }
 
 CUresult cuIpcCloseMemHandle(Path, CUdeviceptr dptr) {
   HookScope scope;
   auto real = CUPOOL_REAL(cuIpcCloseMemHandle);
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
-  if (!scope.outermost()) return real(dptr);
-  return close_handle(dptr, [&](std::uint64_t p) { return real(p); });
+  return scope.outermost() ? close_handle(real, dptr) : real(dptr);
 }
 
 }  // namespace cupool::shim::impl
