@@ -124,24 +124,34 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
   if (size == 0) return {};
   const std::uint64_t bytes = round_up(std::min<std::uint64_t>(size, kMaxRequest), Suballocator::kAlignment);
   ThreadCache* tc = nullptr;
-  // Larger blocks than a cache keeps never enter one: they are not tracked either.
-  if (cfg_.thread_cache && !cfg_.release_idle_ns && bytes <= ThreadCache::kMaxBlock) {
+  if (cfg_.thread_cache && !cfg_.release_idle_ns) {
     tc = my_cache(true);
     if (tc != nullptr && cache_usable()) {
       std::uint64_t p = 0;
+      bool large_kept = false;
       {
         std::lock_guard g(tc->lock);
         p = tc->take(bytes);
         if (p) tc->track(p, bytes);  // untracked if full: its free then takes the pool's path
+        large_kept = tc->holds_large();
       }
-      if (p) {
+      if (p && !large_kept) {
         if (state) fast_state(state, static_cast<std::int64_t>(bytes));
+        return {p};
+      }
+      if (p) {  // served, but a large block kept for this allocation goes back now
+        Lock lk(mu_);
+        reclaim_large_locked(tc);
+        if (state) *state = reported_state_locked();
         return {p};
       }
     }
   }
   Lock lk(mu_);
-  if (tc != nullptr && !cache_usable() && tc->bytes() > 0) reclaim_caches_locked(tc);  // fences now needed
+  if (tc != nullptr && !cache_usable() && tc->bytes() > 0)
+    reclaim_caches_locked(tc);  // fences now needed
+  else if (tc != nullptr)
+    reclaim_large_locked(tc);  // before allocating, so that it can coalesce and serve this
   if (cfg_.release_idle_ns) check_idle(lk);
   AllocResult r;
   if (std::uint64_t p = sub_.allocate(size))
@@ -401,9 +411,8 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     }
   }
   Lock lk(mu_);
-  if (cfg_.thread_cache && !known_live && sub_.block_size(ptr) - 1 < ThreadCache::kMaxBlock) {
-    // Another thread's block, or one already freed into a cache (a double free). Only blocks a
-    // cache may keep are tracked or cached, so larger ones need no look.
+  if (cfg_.thread_cache && !known_live && !caches_.empty() && sub_.block_size(ptr) != 0) {
+    // Another thread's block, or one already freed into a cache (a double free).
     for (auto& c : caches_) {
       std::lock_guard g(c->lock);
       if (c->holds(ptr)) return finish(Suballocator::FreeStatus::double_free);
@@ -516,6 +525,12 @@ std::uint64_t DevicePool::reclaim_caches_locked(ThreadCache* only) {
     retire_ready();
   }
   return bytes;
+}
+
+// The large block `cache` kept for its thread's next allocation goes back to the pool.
+void DevicePool::reclaim_large_locked(ThreadCache* cache) {
+  std::lock_guard g(cache->lock);
+  cache->drain_large([&](std::uint64_t ptr, std::uint64_t) { give_back_locked(ptr); });
 }
 
 // Holds a live block and adds it to the open batch (sealed behind a fence later).

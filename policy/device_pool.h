@@ -146,6 +146,7 @@ class DevicePool {
   std::uint64_t thread_cached_locked() const;
   bool in_a_cache_locked(std::uint64_t ptr) const;
   std::uint64_t reclaim_caches_locked(ThreadCache* only = nullptr);
+  void reclaim_large_locked(ThreadCache* cache);
   void give_back_locked(std::uint64_t ptr);
   Suballocator::FreeStatus quarantine_locked(std::uint64_t ptr, std::size_t* size);
   void retire_cache(ThreadCache* cache);

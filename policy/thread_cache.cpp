@@ -53,7 +53,13 @@ void ThreadCache::forget_live() {
 }
 
 bool ThreadCache::put(std::uint64_t ptr, std::uint64_t size) {
-  if (size > kMaxBlock || bytes() + size > kMaxBytes) return false;
+  if (size > kMaxBlock) {
+    if (large_.ptr != 0 || ptr == 0) return false;
+    large_ = Slot{ptr, size};
+    bytes_.store(bytes() + size, std::memory_order_relaxed);
+    return true;
+  }
+  if (bin_bytes_ + size > kMaxBytes) return false;
   Bin* target = nullptr;
   for (Bin& b : bins_) {
     if (b.size == size) {
@@ -65,14 +71,23 @@ bool ThreadCache::put(std::uint64_t ptr, std::uint64_t size) {
   if (target == nullptr || target->count == kBinBlocks) return false;
   target->size = size;
   target->ptrs[static_cast<std::size_t>(target->count++)] = ptr;
+  bin_bytes_ += size;
   bytes_.store(bytes() + size, std::memory_order_relaxed);
   return true;
 }
 
 std::uint64_t ThreadCache::take(std::uint64_t size) {
+  if (size > kMaxBlock) {
+    if (large_.ptr == 0 || large_.size != size) return 0;
+    const std::uint64_t ptr = large_.ptr;
+    large_ = Slot{};
+    bytes_.store(bytes() - size, std::memory_order_relaxed);
+    return ptr;
+  }
   for (Bin& b : bins_) {
     if (b.size != size || b.count == 0) continue;
     const std::uint64_t ptr = b.ptrs[static_cast<std::size_t>(--b.count)];
+    bin_bytes_ -= size;
     bytes_.store(bytes() - size, std::memory_order_relaxed);
     return ptr;
   }
@@ -80,6 +95,7 @@ std::uint64_t ThreadCache::take(std::uint64_t size) {
 }
 
 bool ThreadCache::holds(std::uint64_t ptr) const {
+  if (ptr != 0 && large_.ptr == ptr) return true;
   for (const Bin& b : bins_)
     for (int i = 0; i < b.count; ++i)
       if (b.ptrs[static_cast<std::size_t>(i)] == ptr) return true;

@@ -574,11 +574,89 @@ TEST_CASE("thread cache: a thread's freed block serves its next allocation of th
   pool.mem_info(&free_after, &total);
   CHECK(free_before - free_after == 4096);  // cached bytes counted as free
 
-  // Larger blocks than the cache keeps go straight back to the pool.
-  const std::uint64_t big = pool.allocate(2 * MiB).ptr;
-  REQUIRE(pool.deallocate(big) == FreeResult::freed);
-  CHECK(pool.thread_cached() == 0);
   CHECK(pool.deallocate(p) == FreeResult::freed);
+}
+
+TEST_CASE("thread cache: a large block waits only for its thread's next allocation", "[pool][cache]") {
+  SimUpstream up(1 * GiB);
+  RecordingSink sink;
+  DevicePool pool(cached_config(), 0, up, &sink);
+  const std::uint64_t big = pool.allocate(64 * MiB).ptr;
+  REQUIRE(big != 0);
+  const std::uint64_t reserves = up.counters().reserve_calls;
+  trace::PoolState s;
+  REQUIRE(pool.deallocate(big, nullptr, &s) == FreeResult::freed);
+  CHECK(s.cache_delta == -static_cast<std::int64_t>(64 * MiB));  // kept, without the lock
+  CHECK(pool.thread_cached() == 64 * MiB);
+  CHECK(pool.state().in_use == 0);
+  CHECK(pool.block_size(big) == 0);  // free to the program
+
+  SECTION("an allocation of the same size takes it") {
+    CHECK(pool.allocate(64 * MiB, &s).ptr == big);
+    CHECK(s.cache_delta == static_cast<std::int64_t>(64 * MiB));
+    CHECK(pool.thread_cached() == 0);
+    CHECK(up.counters().reserve_calls == reserves);
+  }
+  SECTION("an allocation of another size gives it back first, so it coalesces") {
+    const std::uint64_t small = pool.allocate(4096, &s).ptr;
+    CHECK(small == big);  // carved from the block given back
+    CHECK(s.cache_delta == 0);  // a locked call: the whole state
+    CHECK(s.in_use == 4096);
+    CHECK(s.largest_free == 64 * MiB - 4096);
+    CHECK(pool.thread_cached() == 0);
+    CHECK(up.counters().reserve_calls == reserves);
+    CHECK(pool.deallocate(small) == FreeResult::freed);
+  }
+  SECTION("one large block is kept: a second goes to the pool") {
+    const std::uint64_t other = pool.allocate(64 * MiB).ptr;  // takes the kept one
+    const std::uint64_t third = pool.allocate(8 * MiB).ptr;
+    REQUIRE(pool.deallocate(other) == FreeResult::freed);
+    REQUIRE(pool.deallocate(third) == FreeResult::freed);
+    CHECK(pool.thread_cached() == 64 * MiB);
+  }
+  SECTION("a second free is a double free, from any thread") {
+    CHECK(pool.deallocate(big) == FreeResult::double_free);
+    FreeResult other = FreeResult::freed;
+    std::thread([&] { other = pool.deallocate(big); }).join();
+    CHECK(other == FreeResult::double_free);
+    CHECK(pool.allocate(64 * MiB).ptr == big);  // still handed out exactly once
+    CHECK(pool.allocate(64 * MiB).ptr != big);
+  }
+  SECTION("the pool takes it back before it grows") {
+    const std::uint64_t whole = pool.allocate(128 * MiB).ptr;  // not the same size
+    CHECK(whole != 0);
+    CHECK(pool.thread_cached() == 0);
+  }
+}
+
+TEST_CASE("thread cache: a kept large block goes back even when the bins serve the next allocation",
+          "[pool][cache]") {
+  SimUpstream up(1 * GiB);
+  RecordingSink sink;
+  DevicePool pool(cached_config(), 0, up, &sink);
+  const std::uint64_t small = pool.allocate(4096).ptr;
+  const std::uint64_t big = pool.allocate(64 * MiB).ptr;
+  REQUIRE(pool.deallocate(small) == FreeResult::freed);
+  REQUIRE(pool.deallocate(big) == FreeResult::freed);
+  CHECK(pool.thread_cached() == 64 * MiB + 4096);
+  trace::PoolState s;
+  CHECK(pool.allocate(4096, &s).ptr == small);
+  CHECK(pool.thread_cached() == 0);
+  CHECK(s.cache_delta == 0);  // it took the lock to give the large block back: the whole state
+  CHECK(s.in_use == 4096);
+  CHECK(pool.block_size(big) == 0);
+}
+
+TEST_CASE("thread cache: another thread may free a large block; its owner then cannot", "[pool][cache]") {
+  SimUpstream up(1 * GiB);
+  DevicePool pool(cached_config(), 0, up, nullptr);
+  const std::uint64_t big = pool.allocate(16 * MiB).ptr;
+  FreeResult other = FreeResult::double_free;
+  std::thread([&] { other = pool.deallocate(big); }).join();
+  CHECK(other == FreeResult::freed);
+  CHECK(pool.deallocate(big) == FreeResult::double_free);  // the owner's table forgot it
+  CHECK(pool.thread_cached() == 0);
+  CHECK(pool.state().in_use == 0);
 }
 
 TEST_CASE("thread cache: double frees and frees from other threads", "[pool][cache]") {
