@@ -4,6 +4,8 @@
 //           of the second; keeps them alive 8 s
 //   import: opens the first handle twice and the inside one, reads through them, and tries
 //           handles with one byte changed (which bytes the driver checks)
+//   sizes:  one allocation of each of several sizes at a time; prints bytes 48..63 of its handle
+//           (cupool writes into 56..63, which the driver left zero for small allocations)
 #include <cuda.h>
 
 #include <cstdio>
@@ -24,6 +26,24 @@ int main(int argc, char** argv) {
   CUcontext c;
   cuDevicePrimaryCtxRetain(&c, d);
   cuCtxSetCurrent(c);
+  if (!std::strcmp(argv[1], "sizes")) {
+    const unsigned long long mib = 1ull << 20;
+    for (unsigned long long size : {2 * mib, 64 * mib, 1024 * mib, 4096 * mib, 8192 * mib, 16384 * mib, 28672 * mib,
+                                    43008 * mib}) {
+      CUdeviceptr p = 0;
+      if (int r = cuMemAlloc(&p, size)) {
+        std::printf("%llu MiB: cuMemAlloc rc %d\n", size / mib, r);
+        continue;
+      }
+      CUipcMemHandle h;
+      const int r = cuIpcGetMemHandle(&h, p);
+      std::printf("%6llu MiB at 0x%llx: rc %d, bytes 48..63 ", size / mib, static_cast<unsigned long long>(p), r);
+      for (int i = 48; i < 64; ++i) std::printf("%02x", static_cast<unsigned char>(h.reserved[i]));
+      std::printf("\n");
+      cuMemFree(p);
+    }
+    return 0;
+  }
   if (!std::strcmp(argv[1], "export")) {
     CUdeviceptr a, b;
     cuMemAlloc(&a, 64 << 20);

@@ -18,7 +18,8 @@ for t in /tmp/cupool-multi/ddp.*.jsonl; do
 done
 echo "== ipc probe (the driver's handles, no cupool)"
 nvcc -O1 -arch=sm_90 -o /tmp/cupool-multi/ipc_probe "$here/ipc_probe.cu" -lcuda &&
-  { /tmp/cupool-multi/ipc_probe export & sleep 3; /tmp/cupool-multi/ipc_probe import; wait; }
+  { /tmp/cupool-multi/ipc_probe export & sleep 3; /tmp/cupool-multi/ipc_probe import; wait;
+    /tmp/cupool-multi/ipc_probe sizes; }
 echo "== prog_ipc (test/integration/programs/prog_ipc.cpp on the real driver)"
 nvcc -O2 -arch=sm_90 -x cu -I"$here/../integration/programs" -o /tmp/cupool-multi/prog_ipc \
   "$here/../integration/programs/prog_ipc.cpp" -lcuda &&
