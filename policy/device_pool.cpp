@@ -412,7 +412,8 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
   }
   Lock lk(mu_);
   if (cfg_.thread_cache && !known_live && !caches_.empty() && sub_.block_size(ptr) != 0) {
-    // Another thread's block, or one already freed into a cache (a double free).
+    // Another thread's block, or one already freed into a cache (a double free, whether the
+    // block waits in a bin or in a large slot).
     for (auto& c : caches_) {
       std::lock_guard g(c->lock);
       if (c->holds(ptr)) return finish(Suballocator::FreeStatus::double_free);
@@ -527,8 +528,10 @@ std::uint64_t DevicePool::reclaim_caches_locked(ThreadCache* only) {
   return bytes;
 }
 
-// The large block `cache` kept for its thread's next allocation goes back to the pool.
+// The large block `cache` kept for its thread's next allocation goes back to the pool. Called by
+// that thread only, so the look before the cache's lock is safe (ThreadCache::holds_large).
 void DevicePool::reclaim_large_locked(ThreadCache* cache) {
+  if (!cache->holds_large()) return;
   std::lock_guard g(cache->lock);
   cache->drain_large([&](std::uint64_t ptr, std::uint64_t) { give_back_locked(ptr); });
 }

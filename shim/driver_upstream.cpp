@@ -84,8 +84,8 @@ DriverUpstream::DriverUpstream(CUcontext ctx, CUdevice device) : ctx_(ctx), devi
 
 DriverUpstream::~DriverUpstream() {
   if (detached_) return;
-  for (auto& [id, events] : fences_)
-    for (CUevent e : events) driver().event_destroy(e);
+  for (auto& [id, fence] : fences_)
+    for (CUevent e : fence.events) driver().event_destroy(e);
   for (CUevent e : spare_events_) driver().event_destroy(e);
 }
 
@@ -144,14 +144,14 @@ FenceId DriverUpstream::place_fence() {
     events.push_back(e);
   }
   FenceId id = next_fence_++;
-  fences_.emplace(id, std::move(events));
+  fences_.emplace(id, Fence{std::move(events), 0});
   return id;
 }
 
 void DriverUpstream::forget_fence(FenceId fence) {
   auto it = fences_.find(fence);
   if (it == fences_.end()) return;
-  for (CUevent e : it->second) spare_events_.push_back(e);
+  for (CUevent e : it->second.events) spare_events_.push_back(e);
   fences_.erase(it);
 }
 
@@ -161,12 +161,18 @@ bool DriverUpstream::fence_retired(FenceId fence) {
   auto it = fences_.find(fence);
   if (it == fences_.end()) return true;
   // Events found complete are recycled at once, so that the next poll of this fence asks only
-  // about the streams still busy (a fence covers every stream: XLA creates 55).
-  std::vector<CUevent>& events = it->second;
-  while (!events.empty()) {
-    if (driver().event_query(events.back()) == CUDA_ERROR_NOT_READY) return false;
-    spare_events_.push_back(events.back());
-    events.pop_back();
+  // about the streams still busy (a fence covers every stream: XLA creates 55). Not while a
+  // thread waits on the fence: a recycled event may be recorded again, on newer work.
+  Fence& f = it->second;
+  if (f.waiters > 0) {
+    for (CUevent e : f.events)
+      if (driver().event_query(e) == CUDA_ERROR_NOT_READY) return false;
+    return true;  // the last waiter recycles them
+  }
+  while (!f.events.empty()) {
+    if (driver().event_query(f.events.back()) == CUDA_ERROR_NOT_READY) return false;
+    spare_events_.push_back(f.events.back());
+    f.events.pop_back();
   }
   fences_.erase(it);
   return true;
@@ -179,11 +185,12 @@ void DriverUpstream::wait_fence(FenceId fence) {
     std::lock_guard lock(fence_mutex_);
     auto it = fences_.find(fence);
     if (it == fences_.end()) return;
-    events = it->second;
+    ++it->second.waiters;
+    events = it->second.events;
   }
   for (CUevent e : events) driver().event_synchronize(e);
   std::lock_guard lock(fence_mutex_);
-  forget_fence(fence);
+  if (auto it = fences_.find(fence); it != fences_.end() && --it->second.waiters == 0) forget_fence(fence);
 }
 
 }  // namespace cupool::shim

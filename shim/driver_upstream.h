@@ -79,7 +79,11 @@ class DriverUpstream final : public Upstream {
   std::atomic<bool> detached_{false};
   std::mutex fence_mutex_;
   FenceId next_fence_ = 1;
-  std::unordered_map<FenceId, std::vector<CUevent>> fences_;
+  struct Fence {
+    std::vector<CUevent> events;  // not yet seen complete
+    int waiters = 0;              // threads in wait_fence: its events are not recycled meanwhile
+  };
+  std::unordered_map<FenceId, Fence> fences_;
   std::vector<CUevent> spare_events_;
 };
 
