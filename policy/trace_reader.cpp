@@ -31,7 +31,8 @@ enum Field : std::uint32_t {
   f_t = 1u << 0, f_tid = 1u << 1, f_ev = 1u << 2, f_api = 1u << 3, f_path = 1u << 4, f_dev = 1u << 5,
   f_size = 1u << 6, f_ptr = 1u << 7, f_rc = 1u << 8, f_dur = 1u << 9,
 };
-constexpr std::uint32_t kRequired = f_t | f_tid | f_ev | f_api | f_path | f_dev | f_size | f_ptr | f_rc | f_dur;
+// `dur` is required only of 1.x traces: from 2.0 on, calls that were not timed leave it out.
+constexpr std::uint32_t kRequired = f_t | f_tid | f_ev | f_api | f_path | f_dev | f_size | f_ptr | f_rc;
 constexpr std::pair<Field, std::string_view> kRequiredNames[] = {
     {f_t, tk::t},       {f_tid, tk::tid},   {f_ev, tk::ev},   {f_api, tk::api}, {f_path, tk::path},
     {f_dev, tk::dev},   {f_size, tk::size}, {f_ptr, tk::ptr}, {f_rc, tk::rc},   {f_dur, tk::dur}};
@@ -46,7 +47,7 @@ constexpr auto kStringStop = [] {
 
 enum class Key : std::uint8_t {
   unknown, type, t, tid, ev, api, path, dev, size, ptr, stream, rc, dur, oom, reserved, in_use, largest_free,
-  quarantined, free_blocks, flags, cached
+  quarantined, free_blocks, flags, cached, timed_for
 };
 
 // The key names, checked against the schema so the two cannot drift apart.
@@ -55,7 +56,7 @@ static_assert(tk::t == "t" && tk::ev == "ev" && tk::rc == "rc" && tk::tid == "ti
               tk::type == "type" && tk::path == "path" && tk::size == "size" && tk::stream == "stream" &&
               tk::in_use == "in_use" && tk::reserved == "reserved" && tk::free_blocks == "free_blocks" &&
               tk::quarantined == "quarantined" && tk::largest_free == "largest_free" && tk::flags == "flags" &&
-              tk::cached == "cached");
+              tk::cached == "cached" && tk::timed_for == "timed_for");
 
 // One fixed-size comparison per key instead of a chain of them. k.size() is N - 1 here.
 template <std::size_t N>
@@ -92,6 +93,7 @@ Key key_of(std::string_view k) {
       }
       return Key::unknown;
     case 8: return key_if(k, "reserved", Key::reserved);
+    case 9: return key_if(k, "timed_for", Key::timed_for);
     case 11: return k[0] == 'f' ? key_if(k, "free_blocks", Key::free_blocks) : key_if(k, "quarantined", Key::quarantined);
     case 12: return key_if(k, "largest_free", Key::largest_free);
   }
@@ -466,9 +468,9 @@ void TraceReader::read_header() {
   if (major > trace::kFormatMajor)
     throw TraceError(fmt::format("{}: trace format version {} is newer than this cupool understands ({}.x); upgrade cupool",
                                  source_, v, trace::kFormatMajor));
-  if (major < trace::kFormatMajor)
-    throw TraceError(fmt::format("{}: trace format version {} is older than this cupool reads ({}.x)", source_, v,
-                                 trace::kFormatMajor));
+  if (major < trace::kOldestReadMajor)
+    throw TraceError(fmt::format("{}: trace format version {} is older than this cupool reads ({}.x to {}.x)", source_,
+                                 v, trace::kOldestReadMajor, trace::kFormatMajor));
   try {
     const JsonFields f{j, "header"};
     header_.major = major;
@@ -588,6 +590,9 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
   out.flags = 0;
   out.oom = trace::OomClass::none;
   out.pool = trace::PoolState{};
+  out.dur_ns = 0;
+  std::uint64_t timed_for = 1;
+  const int known_minor = header_.major == trace::kFormatMajor ? trace::kFormatMinor : 1;  // 1.1: the last 1.x
 
   auto bad = [&](std::string_view key, const char* expected) {
     if (!s.ok()) fail(fmt::format("event field \"{}\": {}", key, s.error));
@@ -641,7 +646,7 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
         // knows, an unknown kind is an error.
         const char* at = s.pos();
         std::string_view text;
-        if (header_.minor > trace::kFormatMinor && s.string(text, scratch_) &&
+        if (header_.minor > known_minor && s.string(text, scratch_) &&
             !lookup_name(text, trace::kEventKindNames, out.kind)) {
           unknown_kind = true;
         } else {
@@ -694,6 +699,10 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
         u64(key, out.dur_ns);
         seen |= f_dur;
         break;
+      case Key::timed_for:
+        u64(key, timed_for);
+        if (timed_for == 0 || timed_for > UINT32_MAX) bad(key, "a call count from 1 (32 bits)");
+        break;
       case Key::oom:
         name(key, out.oom, trace::kOomClassNames);
         break;
@@ -743,10 +752,13 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
     s.set_error(fmt::format("text after the end of the object at column {}", s.column()));
     fail(s.error);
   }
-  if ((seen & kRequired) != kRequired) {
+  const std::uint32_t required = kRequired | (header_.major < 2 ? static_cast<std::uint32_t>(f_dur) : 0u);
+  if ((seen & required) != required) {
     for (const auto& [bit, key] : kRequiredNames)
-      if (!(seen & bit)) fail(fmt::format("event has no \"{}\"", key));
+      if ((required & bit) && !(seen & bit)) fail(fmt::format("event has no \"{}\"", key));
   }
+  if (!(seen & f_dur) && timed_for != 1) fail(fmt::format("event has \"{}\" but no \"{}\"", tk::timed_for, tk::dur));
+  out.timed_for = seen & f_dur ? static_cast<std::uint32_t>(timed_for) : 0;
   out.has_pool = has_pool;
   return !unknown_kind;
 }

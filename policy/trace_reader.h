@@ -40,6 +40,7 @@ struct Event {
   trace::Path path = trace::Path::none;
   int device = -1;
   std::uint64_t t_ns = 0, dur_ns = 0, size = 0, ptr = 0, stream = 0;
+  std::uint32_t timed_for = 1;  // how many calls dur_ns stands for; 0: not timed (no `dur`)
   bool has_stream = false;
   std::uint32_t flags = 0;  // stream events
   bool has_flags = false;

@@ -9,8 +9,13 @@
 namespace cupool::trace {
 
 // A reader accepts any minor version of its major version and refuses a newer major.
-inline constexpr int kFormatMajor = 1;
-inline constexpr int kFormatMinor = 1;  // 1.1: stream_create, stream_destroy, flags, cached, recycled
+// 2.0: `dur` left out of calls that were not timed, and `timed_for` (docs/trace-format.md).
+inline constexpr int kFormatMajor = 2;
+inline constexpr int kFormatMinor = 0;
+inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
+// One in this many calls that a thread's cache serves is timed. Timing such a call takes two
+// clock reads; on the H200 host they cost more than the rest of the call (docs/performance.md).
+inline constexpr std::uint16_t kCacheTimingSample = 16;
 inline constexpr std::string_view kFormatName = "cupool-trace";
 
 // What happened. One program-visible allocation is exactly one `alloc` event, whatever path it
@@ -37,6 +42,7 @@ enum class EventKind : std::uint8_t {
 };
 // Events placed in time at the end of their call (memory is handed out by the time it returns);
 // every other event at its start. docs/trace-format.md, key `t`.
+// An alloc that was not timed is placed at its start (docs/trace-format.md, key `t`).
 constexpr bool timed_at_end(EventKind k) {
   return k == EventKind::alloc || k == EventKind::vmm_create || k == EventKind::va_reserve ||
          k == EventKind::stream_create;
@@ -107,6 +113,9 @@ struct Record {
   bool has_flags = false;
   bool recycled = false;       // served by cupool's VMM mapping cache, no driver call (key only when true)
   bool stamped = false;        // t_ns and dur_ns are in EventClock stamps: the writer converts them
+  // How many calls dur_ns stands for: 1; kCacheTimingSample for the one timed call of a sample;
+  // 0 when the call was not timed (then `t` is its start, and dur_ns is not written).
+  std::uint16_t timed_for = 1;
 };
 
 // JSON keys, used by writer and reader alike.
@@ -123,6 +132,7 @@ inline constexpr std::string_view ptr = "ptr";
 inline constexpr std::string_view stream = "stream";
 inline constexpr std::string_view rc = "rc";
 inline constexpr std::string_view dur = "dur";
+inline constexpr std::string_view timed_for = "timed_for";  // present when not 1
 inline constexpr std::string_view oom_class = "oom";
 inline constexpr std::string_view reserved = "reserved";
 inline constexpr std::string_view in_use = "in_use";

@@ -489,8 +489,11 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
     if (r.tid == 0) r.tid = ring.tid;
     if (r.stamped) {  // the call ran from t - dur to t, or from t to t + dur
       const std::uint64_t t = EventClock::stamp_to_ns(r.t_ns);
-      r.dur_ns = trace::timed_at_end(r.kind) ? t - EventClock::stamp_to_ns(r.t_ns - r.dur_ns)
-                                             : EventClock::stamp_to_ns(r.t_ns + r.dur_ns) - t;
+      if (r.timed_for == 0)
+        r.dur_ns = 0;
+      else
+        r.dur_ns = trace::timed_at_end(r.kind) ? t - EventClock::stamp_to_ns(r.t_ns - r.dur_ns)
+                                               : EventClock::stamp_to_ns(r.t_ns + r.dur_ns) - t;
       r.t_ns = t;
       r.stamped = false;
     }
@@ -568,8 +571,14 @@ void TraceWriter::format_event_locked(const trace::Record& r) {
   }
   o.key(tk::rc);
   o.i64(r.rc);
-  o.key(tk::dur);
-  o.u64(r.dur_ns);
+  if (r.timed_for != 0) {
+    o.key(tk::dur);
+    o.u64(r.dur_ns);
+  }
+  if (r.timed_for > 1) {
+    o.key(tk::timed_for);
+    o.u64(r.timed_for);
+  }
   if (r.oom_class != trace::OomClass::none) {
     o.key(tk::oom_class);
     o.name(trace::kOomClassNames[oom]);

@@ -28,6 +28,18 @@ using trace::EventKind;
 using trace::OomClass;
 using trace::Path;
 
+// True for one call in kCacheTimingSample, at random: a counter would time only allocs, or only
+// frees, of a program that alternates them. xorshift32 per thread.
+bool sampled() {
+  thread_local std::uint32_t x = 0;
+  if (x == 0) x = current_thread_id() | 1;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  static_assert((trace::kCacheTimingSample & (trace::kCacheTimingSample - 1)) == 0);
+  return (x & (trace::kCacheTimingSample - 1)) == 0;
+}
+
 // One event, timed from construction; emitted only when tracing.
 struct Event {
   trace::Record r;
@@ -53,12 +65,17 @@ struct Event {
   // The pool state, if the pool served the call, is already in r.pool (has_pool set).
   void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextPool* cp) {
     if (!on) return;
-    const std::uint64_t end = EventClock::stamp();
-    r.dur_ns = end - r.t_ns;
-    // `t` orders events across threads: memory is handed out by the time an allocation returns
-    // and given back no earlier than its free was called, so (alloc: end, free: start) is a
-    // consistent order for every reuse of an address.
-    if (trace::timed_at_end(r.kind)) r.t_ns = end;
+    if (r.has_pool && r.pool.cache_delta != 0)  // the thread's cache served it: timed 1 in kCacheTimingSample
+      r.timed_for = sampled() ? trace::kCacheTimingSample : 0;
+    if (r.timed_for != 0) {
+      const std::uint64_t end = EventClock::stamp();
+      r.dur_ns = end - r.t_ns;
+      // `t` orders events across threads: memory is handed out by the time an allocation
+      // returns and given back no earlier than its free was called, so (alloc: end, free:
+      // start) is a consistent order for every reuse of an address. An untimed alloc keeps its
+      // start: its block came from the thread's own cache, where no other thread could reach it.
+      if (trace::timed_at_end(r.kind)) r.t_ns = end;
+    }
     r.rc = rc;
     r.size = size;
     r.ptr = ptr;

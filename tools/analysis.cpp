@@ -164,9 +164,9 @@ std::uint64_t LatencyHistogram::lower_bound(int i) {
   return m << (e - 4);
 }
 
-void LatencyHistogram::add(std::uint64_t ns) {
-  ++buckets_[static_cast<std::size_t>(index(ns))];
-  ++count_;
+void LatencyHistogram::add(std::uint64_t ns, std::uint64_t calls) {
+  buckets_[static_cast<std::size_t>(index(ns))] += calls;
+  count_ += calls;
   max_ = std::max(max_, ns);
   min_ = std::min(min_, ns);
 }
@@ -333,7 +333,7 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
     ++a.per_path[static_cast<std::size_t>(e.path)];
     if (e.rc != 0) ++a.failures;
     if (e.kind == EventKind::alloc || e.kind == EventKind::free) {
-      a.latency.add(e.dur_ns);
+      if (e.timed_for) a.latency.add(e.dur_ns, e.timed_for);  // a sampled timing stands for its sample
       if (e.kind == EventKind::alloc && e.rc == 0) a.bytes += e.size;
     }
   }

@@ -233,7 +233,7 @@ std::string latency_chart(const std::string& title, const std::vector<const ApiS
   s += "</svg>\n<div class=\"legend\">";
   for (std::size_t a = 0; a < apis.size(); ++a)
     s += "<span><i style=\"background:" + std::string(kColors[a % 8]) + "\"></i>" + esc(apis[a]->api) + " (" +
-         std::to_string(apis[a]->latency.count()) + " calls, p50 " + human_duration(apis[a]->latency.quantile(0.5)) +
+         std::to_string(apis[a]->count) + " calls, p50 " + human_duration(apis[a]->latency.quantile(0.5)) +
          ", p99 " + human_duration(apis[a]->latency.quantile(0.99)) + ", max " + human_duration(apis[a]->latency.max()) +
          ")</span>";
   s += "</div></figure>\n";

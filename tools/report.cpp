@@ -125,7 +125,7 @@ void source_section(std::string& out, const SourceStats& s, std::uint64_t origin
   lat.row({"latency", "calls", "p50", "p99", "max"});
   for (const ApiStats& a : s.apis) {
     if (a.latency.count() == 0) continue;
-    lat.row({a.api, count(a.latency.count()), human_duration(a.latency.quantile(0.50)),
+    lat.row({a.api, count(a.count), human_duration(a.latency.quantile(0.50)),
              human_duration(a.latency.quantile(0.99)), human_duration(a.latency.max())});
   }
   if (lat.rows() > 1) out += lat.render("  ") + "\n";

@@ -50,7 +50,7 @@ def read_trace(path):
     if records[-1].get("type") != "footer":
         fail(f"{path}: last line is not a footer")
     header = records[0]
-    if header.get("format") != "cupool-trace" or not str(header.get("version", "")).startswith("1."):
+    if header.get("format") != "cupool-trace" or not str(header.get("version", "")).startswith("2."):
         fail(f"{path}: bad header {header}")
     events = [r for r in records if r.get("type") == "event"]
     # Threads write their own buffers: file order is not time order. `t` orders events (an
@@ -101,9 +101,14 @@ def check_events(name, events, expect_policy):
     alloc_bytes = 0
     paths = set()
     for e in events:
-        for key in ("t", "tid", "ev", "api", "path", "rc", "dur"):
+        for key in ("t", "tid", "ev", "api", "path", "rc"):
             if key not in e:
                 fail(f"event without '{key}': {e}")
+        # Calls a thread's cache served are timed one in timed_for; the others have no "dur".
+        if "dur" not in e and (e["ev"] not in ("alloc", "free") or "reserved" not in e):
+            fail(f"event without 'dur' that no thread cache served: {e}")
+        if "timed_for" in e and ("dur" not in e or e["timed_for"] < 2):
+            fail(f"event with a bad 'timed_for': {e}")
         if e["ev"] == "va_reserve" and e["rc"] == 0 and e.get("ptr") == "0x0":
             fail(f"va_reserve event without the reserved address: {e}")
         if e["ev"] == "alloc" and e["rc"] == 0 and e.get("size", 0) > 0:

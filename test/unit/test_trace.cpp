@@ -118,6 +118,12 @@ std::string slurp(const std::string& path) {
 }
 
 // An in-memory trace for the reader tests.
+// The event line with one more field before its closing brace.
+std::string with_field(std::string line, const std::string& field) {
+  line.insert(line.rfind('}'), "," + field);
+  return line;
+}
+
 std::string header_line(const std::string& version = "1.0") {
   return R"({"type":"header","format":"cupool-trace","version":")" + version +
          R"(","cupool_version":"0.1.0","pid":10,"ppid":1,"host":"h","cmdline":["a","b c"],"start_unix_ns":5,)"
@@ -185,7 +191,7 @@ TEST_CASE("events from many threads come back exactly once, in order per thread"
     if (i % 499 == 0) check_same(e, make_record(t, i));
   }
   const Header& h = reader->header();
-  CHECK(h.major == 1);
+  CHECK(h.major == trace::kFormatMajor);
   CHECK(h.minor == trace::kFormatMinor);
   CHECK(h.pid == getpid());
   CHECK(h.ppid == getppid());
@@ -278,6 +284,38 @@ TEST_CASE("an event the VMM mapping cache served says \"recycled\":true; others 
   CHECK(events[0]["recycled"] == true);
   CHECK_FALSE(events[1].contains("recycled"));
   CHECK(read_all(w->path()).size() == 2);  // readers of 1.0 skip the key
+}
+
+TEST_CASE("calls not timed have no \"dur\"; a sampled timing says how many calls it stands for", "[trace]") {
+  TempDir dir;
+  auto w = open_writer(trace_config(dir.path + "/t.jsonl"));
+  trace::Record untimed = make_record(0, 1), sampled = make_record(0, 2), timed = make_record(0, 3);
+  untimed.timed_for = 0;
+  sampled.timed_for = trace::kCacheTimingSample;
+  w->record(untimed);
+  w->record(sampled);
+  w->record(timed);
+  w->close();
+  std::ifstream in(w->path());
+  std::vector<nlohmann::json> events;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "event") events.push_back(j);
+  }
+  REQUIRE(events.size() == 3);
+  CHECK_FALSE(events[0].contains("dur"));
+  CHECK_FALSE(events[0].contains("timed_for"));
+  CHECK(events[1]["dur"] == sampled.dur_ns);
+  CHECK(events[1]["timed_for"] == trace::kCacheTimingSample);
+  CHECK(events[2]["dur"] == timed.dur_ns);
+  CHECK_FALSE(events[2].contains("timed_for"));
+  const std::vector<Event> back = read_all(w->path());
+  REQUIRE(back.size() == 3);
+  CHECK(back[0].timed_for == 0);
+  CHECK(back[0].dur_ns == 0);
+  CHECK(back[1].timed_for == trace::kCacheTimingSample);
+  CHECK(back[1].dur_ns == sampled.dur_ns);
+  CHECK(back[2].timed_for == 1);
 }
 
 TEST_CASE("events a thread cache served get in_use and cached from the last locked event of their pool", "[trace]") {
@@ -589,9 +627,9 @@ TEST_CASE("reader: errors name the source, the line and the problem", "[trace]")
   CHECK(error_of("") == "mem: the file is empty; not a cupool trace");
   CHECK(error_of("hello\n") == "mem:1: the first line is not JSON; not a cupool trace");
   CHECK(error_of(R"({"type":"event"})" "\n") == "mem:1: the first line is not a cupool trace header");
-  CHECK(error_of(header_line("2.0") + kEvent) ==
-        "mem: trace format version 2.0 is newer than this cupool understands (1.x); upgrade cupool");
-  CHECK(error_of(header_line("0.9")) == "mem: trace format version 0.9 is older than this cupool reads (1.x)");
+  CHECK(error_of(header_line("3.0") + kEvent) ==
+        "mem: trace format version 3.0 is newer than this cupool understands (2.x); upgrade cupool");
+  CHECK(error_of(header_line("0.9")) == "mem: trace format version 0.9 is older than this cupool reads (1.x to 2.x)");
   CHECK(error_of(header_line("one")) == "mem:1: header field \"version\": \"one\" is not \"MAJOR.MINOR\"");
   CHECK(error_of(R"({"type":"header","format":"cupool-trace","version":"1.0"})" "\n") ==
         "mem:1: header has no \"cupool_version\"");
@@ -615,6 +653,12 @@ TEST_CASE("reader: errors name the source, the line and the problem", "[trace]")
     INFO(key);
     CHECK(error_of(header_line() + without(key)) == "mem:2: event has no \"" + std::string(key) + "\"");
   }
+  // From 2.0 on a call may be untimed (no "dur"), but "timed_for" needs a "dur".
+  CHECK(error_of(header_line("2.0") + without("dur")) == "no error");
+  CHECK(error_of(header_line("2.0") + with_field(without("dur"), "\"timed_for\":16")) ==
+        "mem:2: event has \"timed_for\" but no \"dur\"");
+  CHECK(error_of(header_line("2.0") + with_field(kEvent, "\"timed_for\":0")) ==
+        "mem:2: event field \"timed_for\": expected a call count from 1 (32 bits)");
   auto with = [](const std::string& from, const std::string& to) {
     std::string line = kEvent;
     line.replace(line.find(from), from.size(), to);
@@ -707,7 +751,8 @@ TEST_CASE("docs/trace-format.md names every key, line type and value of the sche
   for (auto k : {trace::key::type, trace::key::t, trace::key::tid, trace::key::ev, trace::key::api, trace::key::path,
                  trace::key::dev, trace::key::size, trace::key::ptr, trace::key::stream, trace::key::rc, trace::key::dur,
                  trace::key::oom_class, trace::key::reserved, trace::key::in_use, trace::key::largest_free,
-                 trace::key::quarantined, trace::key::free_blocks, trace::key::flags, trace::key::cached, trace::key::name})
+                 trace::key::quarantined, trace::key::free_blocks, trace::key::flags, trace::key::cached, trace::key::name,
+                 trace::key::timed_for})
     CHECK(named(k));
   for (auto n : trace::kEventKindNames) CHECK(named(n));
   for (auto n : trace::kPathNames) CHECK(named(n));
