@@ -4,7 +4,8 @@ test/gpu/run_all.sh after it has built the CUDA programs. Writes results.json an
 to OUT and prints a short table.
 
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
-Groups: compat, inflight, bench, steps, vmm, policies.
+Groups: compat, inflight, bench, rounds, steps, vmm, policies. The whole run takes longer than
+the device tool's 10 minutes for one command: run the groups in two or three calls.
 """
 import json
 import os
@@ -24,7 +25,7 @@ results = []
 def trace_summary(path):
     """Counts per (event, api, path), peaks and drops, read straight from the JSON lines."""
     s = {"events": 0, "by_api": {}, "peak_reserved": 0, "peak_in_use": 0, "peak_external": 0, "ooms": 0,
-         "dropped": None, "footer": False, "files": 0}
+         "dropped": None, "footer": False, "files": 0, "host_us_by_api": {}}
     live_external = 0
     files = [path] if os.path.exists(path) else []
     d = os.path.dirname(path)
@@ -51,6 +52,9 @@ def trace_summary(path):
             s["by_api"][key] = s["by_api"].get(key, 0) + 1
             if r.get("recycled"):  # a VMM call cupool's mapping cache served
                 s.setdefault("recycled", {})[r["ev"]] = s.get("recycled", {}).get(r["ev"], 0) + 1
+            if "dur" in r:  # host time inside the calls (a sampled timing stands for timed_for calls)
+                k = f'{r["ev"]}:{r["api"]}' + (":recycled" if r.get("recycled") else "")
+                s["host_us_by_api"][k] = round(s["host_us_by_api"].get(k, 0) + r["dur"] * r.get("timed_for", 1) / 1e3, 1)
             if r.get("reserved") is not None:
                 s["peak_reserved"] = max(s["peak_reserved"], r["reserved"])
                 s["peak_in_use"] = max(s["peak_in_use"], r.get("in_use", 0))
@@ -176,6 +180,20 @@ if wanted("bench"):
         run(f"bench-cupool-{free}-trace-on", [exe, "malloc", f"cupool growth {free}, trace on"],
             shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE_BUFFER": "1048576"})
 
+# ---- Issue 3: pair cost, alternating rounds (the host's noise moves single runs by 50 ns) --------
+if wanted("rounds"):
+    exe = os.path.join(BIN, "bench_alloc")
+    for i in (1, 2, 3):
+        run(f"round{i}-deferred-trace-on", [exe, "malloc", f"round {i}: cupool growth deferred, trace on"],
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred", "CUPOOL_TRACE_BUFFER": "1048576"})
+        run(f"round{i}-deferred-trace-off", [exe, "malloc", f"round {i}: cupool growth deferred, trace off"],
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred", "CUPOOL_TRACE": ""})
+        run(f"round{i}-async", [exe, "async", f"round {i}: cudaMallocAsync+cudaFreeAsync"])
+    for r in results:
+        if r["name"].startswith("round"):
+            rows = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
+            print(f'   {r["name"]}: ' + " ".join(f'{x["bytes"]}/{x["threads"]}:{x["median_ns"]}' for x in rows), flush=True)
+
 # ---- Issue 3: framework steps with every tensor through cupool ----------------------------------
 if wanted("steps"):
     run("step-torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"})
@@ -216,6 +234,8 @@ if wanted("vmm"):
         t = r.get("trace")
         if t:  # how many VMM calls the cache served (the trace's "recycled":true events)
             r["vmm_check"]["recycled_events"] = sum(v for k, v in t.get("recycled", {}).items())
+            top = sorted(t["host_us_by_api"].items(), key=lambda kv: -kv[1])[:4]
+            r["vmm_check"]["host_ms_top"] = {k: round(v / 1e3, 2) for k, v in top}
         print(f"   {r['name']}: {r['vmm_check']}", flush=True)
 
 # ---- Issue 4: growth vs preallocate vs the frameworks' allocators (docs/policies.md) ----------
