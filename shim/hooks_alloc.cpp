@@ -32,7 +32,7 @@ using trace::Path;
 // frees, of a program that alternates them. xorshift32 per thread.
 bool sampled() {
   thread_local std::uint32_t x = 0;
-  if (x == 0) x = current_thread_id() | 1;
+  if (x == 0) x = current_thread_id() << 1 | 1;  // distinct per thread, never 0
   x ^= x << 13;
   x ^= x >> 17;
   x ^= x << 5;

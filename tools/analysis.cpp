@@ -333,7 +333,10 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
     ++a.per_path[static_cast<std::size_t>(e.path)];
     if (e.rc != 0) ++a.failures;
     if (e.kind == EventKind::alloc || e.kind == EventKind::free) {
-      if (e.timed_for) a.latency.add(e.dur_ns, e.timed_for);  // a sampled timing stands for its sample
+      if (e.timed_for)
+        a.latency.add(e.dur_ns, e.timed_for);  // a sampled timing stands for its sample
+      else
+        ++a.untimed;
       if (e.kind == EventKind::alloc && e.rc == 0) a.bytes += e.size;
     }
   }

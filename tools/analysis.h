@@ -160,7 +160,8 @@ struct ApiStats {
   std::uint64_t count = 0;
   std::uint64_t failures = 0;  // rc != 0
   std::uint64_t bytes = 0;
-  LatencyHistogram latency;    // alloc and free calls only
+  LatencyHistogram latency;    // alloc and free calls only, weighted by timed_for
+  std::uint64_t untimed = 0;   // alloc and free calls without a timing (trace format 2.0)
 };
 
 // One process on one device.

@@ -55,8 +55,9 @@ void PerfettoWriter::visit(std::size_t source, const Event& e, TraceInput& input
   const std::string tid = std::to_string(e.tid);
   const std::string dev = "GPU " + std::to_string(e.device);
 
-  // Slow calls: a slice on the calling thread. Allocations are stamped when they return.
-  if ((e.kind == EventKind::alloc || e.kind == EventKind::free) && e.dur_ns >= slow_ns_) {
+  // Slow calls: a slice on the calling thread. Timed allocations are stamped when they return;
+  // untimed calls (served by a thread's cache outside the sample) have no duration to show.
+  if ((e.kind == EventKind::alloc || e.kind == EventKind::free) && e.timed_for != 0 && e.dur_ns >= slow_ns_) {
     const std::uint64_t start = e.kind == EventKind::alloc && e.t_ns >= e.dur_ns ? e.t_ns - e.dur_ns : e.t_ns;
     char dur[40];
     std::snprintf(dur, sizeof dur, "%" PRIu64 ".%03" PRIu64, e.dur_ns / 1000, e.dur_ns % 1000);

@@ -124,7 +124,11 @@ void source_section(std::string& out, const SourceStats& s, std::uint64_t origin
   Table lat;
   lat.row({"latency", "calls", "p50", "p99", "max"});
   for (const ApiStats& a : s.apis) {
-    if (a.latency.count() == 0) continue;
+    if (a.latency.count() == 0 && a.untimed == 0) continue;
+    if (a.latency.count() == 0) {  // every call a thread's cache served, none in the timed sample
+      lat.row({a.api, count(a.count), "-", "-", "-"});
+      continue;
+    }
     lat.row({a.api, count(a.count), human_duration(a.latency.quantile(0.50)),
              human_duration(a.latency.quantile(0.99)), human_duration(a.latency.max())});
   }

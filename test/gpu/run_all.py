@@ -27,6 +27,7 @@ def trace_summary(path):
     s = {"events": 0, "by_api": {}, "peak_reserved": 0, "peak_in_use": 0, "peak_external": 0, "ooms": 0,
          "dropped": None, "footer": False, "files": 0, "host_us_by_api": {}}
     live_external = 0
+    host_ns = {}
     files = [path] if os.path.exists(path) else []
     d = os.path.dirname(path)
     base = os.path.basename(path)
@@ -54,7 +55,7 @@ def trace_summary(path):
                 s.setdefault("recycled", {})[r["ev"]] = s.get("recycled", {}).get(r["ev"], 0) + 1
             if "dur" in r:  # host time inside the calls (a sampled timing stands for timed_for calls)
                 k = f'{r["ev"]}:{r["api"]}' + (":recycled" if r.get("recycled") else "")
-                s["host_us_by_api"][k] = round(s["host_us_by_api"].get(k, 0) + r["dur"] * r.get("timed_for", 1) / 1e3, 1)
+                host_ns[k] = host_ns.get(k, 0) + r["dur"] * r.get("timed_for", 1)
             if r.get("reserved") is not None:
                 s["peak_reserved"] = max(s["peak_reserved"], r["reserved"])
                 s["peak_in_use"] = max(s["peak_in_use"], r.get("in_use", 0))
@@ -66,6 +67,7 @@ def trace_summary(path):
                 live_external -= sizes.pop(r["ptr"])
             if r["ev"] == "oom":
                 s["ooms"] += 1
+    s["host_us_by_api"] = {k: round(v / 1e3, 1) for k, v in host_ns.items()}
     return s
 
 

@@ -239,6 +239,13 @@ def cmd_fuzz(opts):
         check(p.returncode == 0 and re.search(r"bad\.jsonl:\d+: the last line is cut short.*: ignored", p.stdout),
               f"cut last line: {p.returncode} {p.stdout[:400]} {p.stderr}")
 
+        # Format 2.0: calls without "dur" (untimed) are read; in 1.x "dur" is required.
+        untimed = [re.sub(r',"dur":\d+', "", l) if '"api":"cudaFree"' in l else l for l in lines]
+        p = run_on("".join(untimed).replace('"version":"1.0"', '"version":"2.0"', 1))
+        row = re.search(r"^\s+cudaFree\s+[\d,]+\s+-\s+-\s+-\s*$", p.stdout, re.M)
+        check(p.returncode == 0 and row is not None, f"2.0 trace with untimed frees: {p.returncode} {p.stdout[:600]} {p.stderr}")
+        expect_error("".join(untimed), r'bad\.jsonl:\d+: event has no "dur"', "1.0 trace without dur")
+
         # Random damage: any outcome but a crash. 0 (the damage was harmless) or 3 with a line number.
         rng = random.Random(1234)
         body = "".join(lines).encode()

@@ -371,9 +371,22 @@ TEST_CASE("stamped events are written in CLOCK_MONOTONIC nanoseconds", "[trace]"
   std::uint64_t alloc_before = 0, alloc_after = 0, free_before = 0, free_after = 0;
   w->record(timed(trace::EventKind::alloc, &alloc_before, &alloc_after));
   w->record(timed(trace::EventKind::free, &free_before, &free_after));
+  // An untimed alloc (a thread's cache served it outside the sample): one stamp, its start.
+  trace::Record untimed;
+  untimed.api = "cudaMalloc";
+  untimed.stamped = true;
+  untimed.timed_for = 0;
+  const std::uint64_t untimed_before = EventClock::now();
+  untimed.t_ns = EventClock::stamp();
+  const std::uint64_t untimed_after = EventClock::now();
+  w->record(untimed);
   w->close();
   const auto events = read_all(path);
-  REQUIRE(events.size() == 2);
+  REQUIRE(events.size() == 3);
+  CHECK(events[2].timed_for == 0);
+  CHECK(events[2].dur_ns == 0);
+  CHECK(events[2].t_ns >= untimed_before);
+  CHECK(events[2].t_ns <= untimed_after);
   const Event& a = events[0];
   const Event& f = events[1];
   CHECK(a.kind == trace::EventKind::alloc);
