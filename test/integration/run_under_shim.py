@@ -64,7 +64,7 @@ def read_trace(path):
     return header, events, footer
 
 
-def check_vmm(name, events, report, policy):
+def check_vmm(name, events, report, policy, free):
     """Virtual-memory calls: one event per successful program call, whether the driver or cupool's
     mapping cache served it; the cache serves only when pooling."""
     ok = [e for e in events if e["rc"] == 0]
@@ -87,8 +87,15 @@ def check_vmm(name, events, report, policy):
         if report.get("cache_expected") != (policy != "passthrough"):
             fail(f"{name}: the program expected the cache {report.get('cache_expected')} under {policy}")
         if policy != "passthrough":
-            if report["steady_vmm_driver_calls"] != 0:
-                fail(f"{name}: {report['steady_vmm_driver_calls']} VMM driver calls in the steady steps, expected 0")
+            # Sync mode reuses every freed mapping after its wait: no driver call at all. Deferred
+            # mode creates a mapping when none of that size has retired yet and the size has fewer
+            # than 32: how often, once the cache is warm, depends on the device's pace against the
+            # host's (on a loaded 2-core machine a few times in 350 calls). A cache that failed to
+            # serve would send every one of them to the driver.
+            allowed = 0 if free == "sync" else report["steady_vmm_calls"] // 10
+            if report["steady_vmm_driver_calls"] > allowed:
+                fail(f"{name}: {report['steady_vmm_driver_calls']} VMM driver calls in the steady steps "
+                     f"({report['steady_vmm_calls']} calls made), at most {allowed} expected")
             kinds = {e["ev"] for e in recycled}
             want = {"vmm_create", "va_reserve", "vmm_map", "vmm_unmap", "vmm_release", "va_free"}
             if not want <= kinds:
@@ -212,7 +219,7 @@ def main():
             header, events, footer = read_trace(t)
             allocs, frees, nbytes, live = check_events(name, events, a.policy)
             if len(own) == 1:
-                check_vmm(name, events, extra, a.policy)
+                check_vmm(name, events, extra, a.policy, a.free)
             totals[0] += allocs
             totals[1] += frees
             totals[2] += nbytes
