@@ -146,6 +146,17 @@ struct MemTrace {
   }
 };
 
+// The trace's event lines as JSON objects, as any JSON reader sees them.
+std::vector<nlohmann::json> event_lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<nlohmann::json> events;
+  for (std::string line; std::getline(in, line);) {
+    auto j = nlohmann::json::parse(line);
+    if (j["type"] == "event") events.push_back(j);
+  }
+  return events;
+}
+
 std::string error_of(const std::string& text) {
   try {
     MemTrace t(text);
@@ -274,12 +285,7 @@ TEST_CASE("an event the VMM mapping cache served says \"recycled\":true; others 
   w->record(served);
   w->record(real);
   w->close();
-  std::ifstream in(w->path());
-  std::vector<nlohmann::json> events;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["type"] == "event") events.push_back(j);
-  }
+  const std::vector<nlohmann::json> events = event_lines(w->path());
   REQUIRE(events.size() == 2);
   CHECK(events[0]["recycled"] == true);
   CHECK_FALSE(events[1].contains("recycled"));
@@ -296,12 +302,7 @@ TEST_CASE("calls not timed have no \"dur\"; a sampled timing says how many calls
   w->record(sampled);
   w->record(timed);
   w->close();
-  std::ifstream in(w->path());
-  std::vector<nlohmann::json> events;
-  for (std::string line; std::getline(in, line);) {
-    auto j = nlohmann::json::parse(line);
-    if (j["type"] == "event") events.push_back(j);
-  }
+  const std::vector<nlohmann::json> events = event_lines(w->path());
   REQUIRE(events.size() == 3);
   CHECK_FALSE(events[0].contains("dur"));
   CHECK_FALSE(events[0].contains("timed_for"));
