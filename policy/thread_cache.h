@@ -1,8 +1,9 @@
 // A thread's cache in front of a DevicePool: the blocks it freed, kept for its next allocation of
 // the same size, and the blocks it got from the pool (so a free knows their size without the
 // pool's lock). Blocks up to kMaxBlock wait in bins; of larger ones only the first the thread
-// frees after an allocation is kept, and only until its next allocation: one of the same size takes it, any other gives it
-// back to the pool first, so large blocks coalesce as if they had never been cached. With 8 threads allocating at once, every pair taking the pool's one lock cost
+// frees after an allocation is kept, and only until its next allocation: one of the same size
+// takes it, any other gives it back to the pool first, so large blocks coalesce as if they had
+// never been cached. With 8 threads allocating at once, every pair taking the pool's one lock cost
 // 1.1-1.3 us of wall time per pair on the H200 host; a thread that reuses its own blocks touches
 // no shared cache line at all. Not thread-safe by itself: the owner and the pool (reclaiming
 // blocks, checking a free from another thread) take `lock`; it is only ever taken after the

@@ -592,7 +592,7 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
   out.pool = trace::PoolState{};
   out.dur_ns = 0;
   std::uint64_t timed_for = 1;
-  const int known_minor = header_.major == trace::kFormatMajor ? trace::kFormatMinor : 1;  // 1.1: the last 1.x
+  const int known_minor = header_.major == trace::kFormatMajor ? trace::kFormatMinor : trace::kLastMinorOfMajor1;
 
   auto bad = [&](std::string_view key, const char* expected) {
     if (!s.ok()) fail(fmt::format("event field \"{}\": {}", key, s.error));
@@ -752,7 +752,7 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
     s.set_error(fmt::format("text after the end of the object at column {}", s.column()));
     fail(s.error);
   }
-  const std::uint32_t required = kRequired | (header_.major < 2 ? static_cast<std::uint32_t>(f_dur) : 0u);
+  const std::uint32_t required = kRequired | (header_.major == 1 ? static_cast<std::uint32_t>(f_dur) : 0u);
   if ((seen & required) != required) {
     for (const auto& [bit, key] : kRequiredNames)
       if ((required & bit) && !(seen & bit)) fail(fmt::format("event has no \"{}\"", key));

@@ -13,8 +13,10 @@ namespace cupool::trace {
 inline constexpr int kFormatMajor = 2;
 inline constexpr int kFormatMinor = 0;
 inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
-// One in this many calls that a thread's cache serves is timed. Timing such a call takes two
-// clock reads; on the H200 host they cost more than the rest of the call (docs/performance.md).
+inline constexpr int kLastMinorOfMajor1 = 1;  // 1.1: the last 1.x
+// A call that a thread's cache serves is timed with probability 1/kCacheTimingSample. Timing it
+// takes two clock reads; on the H200 host they cost more than the rest of the call
+// (docs/performance.md).
 inline constexpr std::uint16_t kCacheTimingSample = 16;
 inline constexpr std::string_view kFormatName = "cupool-trace";
 
@@ -41,8 +43,7 @@ enum class EventKind : std::uint8_t {
   count_
 };
 // Events placed in time at the end of their call (memory is handed out by the time it returns);
-// every other event at its start. docs/trace-format.md, key `t`.
-// An alloc that was not timed is placed at its start (docs/trace-format.md, key `t`).
+// every other event at its start, as is an alloc that was not timed. docs/trace-format.md, key `t`.
 constexpr bool timed_at_end(EventKind k) {
   return k == EventKind::alloc || k == EventKind::vmm_create || k == EventKind::va_reserve ||
          k == EventKind::stream_create;

@@ -161,7 +161,7 @@ bool DriverUpstream::fence_retired(FenceId fence) {
   auto it = fences_.find(fence);
   if (it == fences_.end()) return true;
   // Events found complete are recycled at once, so that the next poll of this fence asks only
-  // about the streams still busy (a fence covers every stream: XLA creates 55). Not while a
+  // about the streams still busy (a fence covers every stream: XLA creates 57). Not while a
   // thread waits on the fence: a recycled event may be recorded again, on newer work.
   Fence& f = it->second;
   if (f.waiters > 0) {
