@@ -23,6 +23,7 @@ struct DriverCalls {
   decltype(&::cuDeviceTotalMem_v2) device_total_mem = nullptr;
   decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
   decltype(&::cuDevicePrimaryCtxRelease_v2) primary_ctx_release = nullptr;
+  decltype(&::cuStreamQuery) stream_query = nullptr;
   decltype(&::cuEventCreate) event_create = nullptr;
   decltype(&::cuEventRecord) event_record = nullptr;
   decltype(&::cuEventQuery) event_query = nullptr;

@@ -4,7 +4,7 @@ test/gpu/run_all.sh after it has built the CUDA programs. Writes results.json an
 to OUT and prints a short table.
 
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
-Groups: compat, inflight, bench, rounds, steps, vmm, policies. The whole run takes longer than
+Groups: compat, inflight, bench, rounds, steps, vmm, xlasync, policies. The whole run takes longer than
 the device tool's 10 minutes for one command: run the groups in two or three calls.
 """
 import json
@@ -239,6 +239,37 @@ if wanted("vmm"):
             top = sorted(t["host_us_by_api"].items(), key=lambda kv: -kv[1])[:4]
             r["vmm_check"]["host_ms_top"] = {k: round(v / 1e3, 2) for k, v in top}
         print(f"   {r['name']}: {r['vmm_check']}", flush=True)
+
+# ---- Why JAX's platform allocator cannot reach BFC's step time, whatever sits under it ------------
+# XLA's GpuExecutable blocks the host until the device is done inside every execution when its
+# allocator cannot free asynchronously (the platform allocator cannot; BFC can). "dispatch" shows
+# it (how soon the gradient call returns), "serial" measures the floor it sets (BFC with every
+# execution waited for), to set beside the step under cupool.
+if wanted("xlasync"):
+    JAX_VMM = [PY, os.path.join(HERE, "jax_vmm_check.py")]
+    det = {"XLA_FLAGS": "--xla_gpu_autotune_level=0 --xla_gpu_deterministic_ops=true"}
+    platform = dict(det, XLA_PYTHON_CLIENT_ALLOCATOR="platform")
+    sync = {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}
+    deferred = {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}
+    runs = [
+        run("xlasync-bfc-dispatch", JAX_VMM + ["dispatch"], dict(det, MODE="bfc")),
+        run("xlasync-platform-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform")),
+        run("xlasync-platform-sync-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform+cupool sync"), shim=sync),
+        run("xlasync-platform-deferred-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform+cupool deferred"),
+            shim=deferred),
+    ]
+    for i in (1, 2, 3):  # alternating rounds: the host's noise moves single runs
+        runs += [
+            run(f"xlasync{i}-bfc-step", JAX_VMM, dict(det, MODE="bfc")),
+            run(f"xlasync{i}-bfc-serial", JAX_VMM + ["serial"], dict(det, MODE="bfc")),
+            run(f"xlasync{i}-platform-sync-step", JAX_VMM, dict(platform, MODE="platform+cupool sync"), shim=sync),
+            run(f"xlasync{i}-platform-deferred-step", JAX_VMM, dict(platform, MODE="platform+cupool deferred"),
+                shim=deferred),
+        ]
+    for r in runs:
+        last = [l for l in r["stdout"].splitlines() if l.startswith("{")]
+        r["xlasync"] = json.loads(last[-1]) if last else {}
+        print(f"   {r['name']}: {r['xlasync']}", flush=True)
 
 # ---- Issue 4: growth vs preallocate vs the frameworks' allocators (docs/policies.md) ----------
 if wanted("policies"):

@@ -2,8 +2,11 @@
 // the host does cudaFree(p), cudaMalloc(&q) of the same size and fills q with another pattern. Real
 // programs rely on cudaFree waiting for outstanding device work; a shim that hands p's memory back
 // as q before the kernel finished would let the kernel see the new pattern. Exit 0 only if the
-// kernel saw the original data.
+// kernel saw the original data. With PROG_EXPECT_REUSE set (a cap that leaves room for one buffer
+// only), q must also be p: the test then proves the wait, not just that the pool had other room.
 #include <cuda_runtime_api.h>
+
+#include <cstdlib>
 
 #include "prog_common.hpp"
 #include "slow_reader.hpp"
@@ -37,6 +40,7 @@ int main() {
     RT(cudaStreamSynchronize(s));
     bool saw = args.saw_original == 1;
     EXPECT(saw);
+    if (std::getenv("PROG_EXPECT_REUSE") != nullptr) EXPECT(q == p);
     if (q) {
         RT(cudaFree(q));
         ++frees;
