@@ -86,7 +86,11 @@ class DevicePool {
 
   static constexpr std::size_t kChunkGranularity = 2u << 20;
   static constexpr std::size_t kBatchBlocks = 64;          // deferred free: a fence per this many blocks...
-  static constexpr std::size_t kBatchBytes = 64u << 20;    // ...or this many bytes
+  static constexpr std::size_t kBatchBytes = 64u << 20;    // ...or this many bytes...
+  static constexpr std::uint64_t kSealIntervalNs = 1'000'000;  // ...at most once a millisecond from frees
+  // Deferred free: an allocation waits for the oldest fences while the quarantine holds more than
+  // an eighth of the reserved bytes, and at least this much.
+  static constexpr std::uint64_t kQuarantineFloor = 256ull << 20;
 
  private:
   struct Reservation {  // what the upstream gave, by suballocator chunk id
@@ -97,6 +101,7 @@ class DevicePool {
     FenceId fence = 0;
     std::uint64_t seq = 0;     // batches are sealed, fenced and retired in this order
     bool taken = false;        // a thread waits on its fence outside the lock
+    std::uint64_t sealed_ns = 0;
     std::vector<std::uint64_t> blocks;
     std::uint64_t bytes = 0;
   };
@@ -155,6 +160,8 @@ class DevicePool {
 
   AllocResult allocate_slow(Lock& lk, std::size_t size);
   std::uint64_t wait_for_quarantine(Lock& lk, std::uint64_t bytes);
+  bool wait_oldest_fence(Lock& lk, bool seal_first, std::uint64_t sealed_before = ~std::uint64_t{0});
+  void bound_quarantine(Lock& lk);
   Grow grow(Lock& lk, std::size_t bytes);
   Grow preallocate(Lock& lk, std::size_t bytes);
   Grow add_reserved(std::uint64_t base, std::size_t size, std::size_t bytes, bool is_prealloc);
@@ -198,6 +205,7 @@ class DevicePool {
   bool deferred_ = false;
   std::vector<std::uint64_t> pending_;       // held blocks not yet behind a fence
   std::uint64_t pending_bytes_ = 0;
+  std::uint64_t last_seal_ns_ = 0;           // when the open batch was last sealed
   std::vector<Batch> batches_;               // FIFO from batch_head_
   std::size_t batch_head_ = 0;
   std::uint64_t batch_seq_ = 0;

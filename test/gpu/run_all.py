@@ -4,7 +4,7 @@ test/gpu/run_all.sh after it has built the CUDA programs. Writes results.json an
 to OUT and prints a short table.
 
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
-Groups: compat, inflight, bench, rounds, steps, vmm, xlasync, policies. The whole run takes longer than
+Groups: compat, inflight, bench, rounds, steps, quarantine, vmm, xlasync, policies. The whole run takes longer than
 the device tool's 10 minutes for one command: run the groups in two or three calls.
 """
 import json
@@ -24,7 +24,7 @@ results = []
 
 def trace_summary(path):
     """Counts per (event, api, path), peaks and drops, read straight from the JSON lines."""
-    s = {"events": 0, "by_api": {}, "peak_reserved": 0, "peak_in_use": 0, "peak_external": 0, "ooms": 0,
+    s = {"events": 0, "by_api": {}, "peak_reserved": 0, "peak_in_use": 0, "peak_quarantined": 0, "peak_external": 0, "ooms": 0,
          "dropped": None, "footer": False, "files": 0, "host_us_by_api": {}}
     live_external = 0
     host_ns = {}
@@ -59,6 +59,7 @@ def trace_summary(path):
             if r.get("reserved") is not None:
                 s["peak_reserved"] = max(s["peak_reserved"], r["reserved"])
                 s["peak_in_use"] = max(s["peak_in_use"], r.get("in_use", 0))
+                s["peak_quarantined"] = max(s["peak_quarantined"], r.get("quarantined", 0))
             elif r["ev"] in ("alloc", "vmm_create") and r.get("rc", 0) == 0:
                 sizes[r["ptr"]] = r.get("size", 0)
                 live_external += r.get("size", 0)
@@ -210,6 +211,33 @@ if wanted("steps"):
     run("step-jax-platform-growth-deferred", [PY, JAX_MLP], {"MODE": "platform+cupool",
         "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
 
+# ---- Issue 3: how much memory the deferred quarantine holds -------------------------------------
+# Fences (and so quarantine) are needed once the process has created a stream that can run beside
+# the others. The transformer workload alone never does; here it runs unchanged after making one
+# side stream first, as programs with prefetch or communication streams do (torch.cuda.Stream()
+# is a non-blocking stream).
+if wanted("quarantine"):
+    side = [PY, "-c", "import torch; side = torch.cuda.Stream(); " + TRANSFORMER_WITH_STATS[2]]
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    runs = [
+        run("quarantine-torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
+        run("quarantine-torch-nocache-deferred", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache+cupool deferred"),
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}),
+        run("quarantine-torch-nocache-sidestream-deferred", side, dict(nocache, MODE="side stream, deferred"),
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}),
+        run("quarantine-torch-nocache-sidestream-sync", side, dict(nocache, MODE="side stream, sync"),
+            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}),
+    ]
+    for r in runs:
+        t = r.get("trace") or {}
+        r["quarantine"] = {"step_ms": parse_float(r"step=([\d.]+) ms", r["stdout"]),
+                           "loss": parse_float(r"loss=([\d.]+)", r["stdout"]),
+                           "peak_reserved_mib": round(t.get("peak_reserved", 0) / 2**20),
+                           "peak_in_use_mib": round(t.get("peak_in_use", 0) / 2**20),
+                           "peak_quarantined_mib": round(t.get("peak_quarantined", 0) / 2**20),
+                           "fences_retired": t.get("by_api", {}).get("fence_retired:pool:none", 0)}
+        print(f"   {r['name']}: {r['quarantine']}", flush=True)
+
 # ---- VMM mapping cache: XLA's platform allocator as fast as its BFC pool, same results ------------
 if wanted("vmm"):
     JAX_VMM = [PY, os.path.join(HERE, "jax_vmm_check.py")]
@@ -265,6 +293,8 @@ if wanted("xlasync"):
             run(f"xlasync{i}-platform-sync-step", JAX_VMM, dict(platform, MODE="platform+cupool sync"), shim=sync),
             run(f"xlasync{i}-platform-deferred-step", JAX_VMM, dict(platform, MODE="platform+cupool deferred"),
                 shim=deferred),
+            # XLA's own BFC pool under cupool: the cap and honest memory info at BFC's speed
+            run(f"xlasync{i}-bfc-growth-step", JAX_VMM, dict(det, MODE="bfc+cupool growth"), shim=deferred),
         ]
     for r in runs:
         last = [l for l in r["stdout"].splitlines() if l.startswith("{")]

@@ -513,12 +513,18 @@ TEST_CASE("pool: deferred free", "[pool]") {
   SECTION("frees are batched: one fence per batch") {
     up.set_pending_work(true);
     DevicePool pool(cfg, 0, up, &sink);
+    FakeClock clock;
+    pool.set_clock(&FakeClock::read, &clock);
     std::vector<std::uint64_t> p;
     for (std::size_t i = 0; i < DevicePool::kBatchBlocks * 2; ++i) p.push_back(pool.allocate(4096).ptr);
-    for (auto x : p) pool.deallocate(x);
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      if (i == DevicePool::kBatchBlocks) clock.t += DevicePool::kSealIntervalNs;
+      pool.deallocate(p[i]);
+    }
     CHECK(up.counters().fences_placed == 2);
     CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 2 * 4096);
     up.complete_all();
+    clock.t += DevicePool::kSealIntervalNs;
     // The next seal polls the oldest fences and frees their blocks.
     std::vector<std::uint64_t> q;
     for (std::size_t i = 0; i < DevicePool::kBatchBlocks; ++i) q.push_back(pool.allocate(4096).ptr);
@@ -526,6 +532,57 @@ TEST_CASE("pool: deferred free", "[pool]") {
     CHECK(up.counters().fences_placed == 3);
     CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 4096);
     CHECK(pool.state().reserved == 32 * MiB);
+  }
+  SECTION("frees seal at most once per interval; a miss seals at once") {
+    up.set_pending_work(true);
+    DevicePool pool(with_limit(cfg, 32 * MiB), 0, up, &sink);
+    FakeClock clock;
+    pool.set_clock(&FakeClock::read, &clock);
+    constexpr std::size_t kBlock = 128 * 1024;  // 256 of them fill the one chunk the cap allows
+    std::vector<std::uint64_t> p;
+    for (std::size_t i = 0; i < 256; ++i) p.push_back(pool.allocate(kBlock).ptr);
+    REQUIRE(p.back() != 0);
+    for (std::size_t i = 0; i < DevicePool::kBatchBlocks * 3; ++i) pool.deallocate(p[i]);  // within one interval
+    CHECK(up.counters().fences_placed == 1);
+    CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 3 * kBlock);
+    // The chunk is full: this allocation misses and seals what is pending behind a second fence
+    // (the simulated device still has work, so that one stays open); the first fence has retired,
+    // so its blocks serve the allocation without growing or waiting.
+    up.complete_all();
+    CHECK(pool.allocate(kBlock).ptr != 0);
+    CHECK(up.counters().fences_placed == 2);
+    CHECK(up.counters().fence_waits == 0);
+    CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 2 * kBlock);
+    CHECK(pool.state().reserved == 32 * MiB);
+  }
+  SECTION("a quarantine past its bound makes allocations wait for old fences, not new ones") {
+    up.set_pending_work(true);
+    Config big = growth_config(64 * MiB, 64 * MiB);
+    big.free_mode = FreeMode::deferred;
+    DevicePool pool(big, 0, up, &sink);
+    FakeClock clock;
+    pool.set_clock(&FakeClock::read, &clock);
+    std::vector<std::uint64_t> p;
+    for (int i = 0; i < 8; ++i) p.push_back(pool.allocate(64 * MiB).ptr);
+    REQUIRE(pool.allocate(4096).ptr != 0);  // a ninth chunk, with room: the allocations below never miss
+    for (auto x : p) pool.deallocate(x);    // at one instant: the first seals, the rest stay open
+    REQUIRE(up.counters().fences_placed == 1);
+    REQUIRE(pool.state().quarantined == 512 * MiB);  // past the bound (256 MiB; an eighth is less)
+    // The one fence is younger than an interval: an allocation does not wait for it.
+    CHECK(pool.allocate(4096).ptr != 0);
+    CHECK(up.counters().fence_waits == 0);
+    CHECK(up.counters().fences_placed == 1);
+    // An interval later it waits for that fence, and seals the rest for the next allocation.
+    clock.t += DevicePool::kSealIntervalNs + 1;
+    CHECK(pool.allocate(4096).ptr != 0);
+    CHECK(up.counters().fence_waits == 1);
+    CHECK(up.counters().fences_placed == 2);
+    CHECK(pool.state().quarantined == 448 * MiB);
+    clock.t += DevicePool::kSealIntervalNs + 1;
+    CHECK(pool.allocate(4096).ptr != 0);
+    CHECK(up.counters().fence_waits == 2);
+    CHECK(pool.state().quarantined == 0);
+    CHECK(pool.state().reserved == 576 * MiB);
   }
   SECTION("large frees seal a batch by bytes") {
     up.set_pending_work(true);
