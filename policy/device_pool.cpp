@@ -455,7 +455,8 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     // stream), and on the H200 such calls took about 1.7 us each while the device was busy, so
     // sealing at every 64 MiB freed made the host, not the device, set a training step's pace.
     // Frees seal at most once per kSealIntervalNs; an allocation that misses seals at once.
-    if ((pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes) && now() - last_seal_ns_ >= kSealIntervalNs) {
+    const bool full = pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes;
+    if (full && now() - last_seal_ns_ >= kSealIntervalNs) {
       seal_pending();
       retire_ready();
     }

@@ -17,7 +17,8 @@ const DriverCalls& driver() {
            get(c.device_total_mem, "cuDeviceTotalMem_v2") &
            get(c.primary_ctx_retain, "cuDevicePrimaryCtxRetain") &
            get(c.primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") &
-           get(c.stream_query, "cuStreamQuery") & get(c.event_create, "cuEventCreate") & get(c.event_record, "cuEventRecord") &
+           get(c.stream_query, "cuStreamQuery") & get(c.event_create, "cuEventCreate") &
+           get(c.event_record, "cuEventRecord") &
            get(c.event_query, "cuEventQuery") & get(c.event_synchronize, "cuEventSynchronize") &
            get(c.event_destroy, "cuEventDestroy_v2");
     return c;

@@ -24,8 +24,8 @@ results = []
 
 def trace_summary(path):
     """Counts per (event, api, path), peaks and drops, read straight from the JSON lines."""
-    s = {"events": 0, "by_api": {}, "peak_reserved": 0, "peak_in_use": 0, "peak_quarantined": 0, "peak_external": 0, "ooms": 0,
-         "dropped": None, "footer": False, "files": 0, "host_us_by_api": {}}
+    s = {"events": 0, "by_api": {}, "peak_reserved": 0, "peak_in_use": 0, "peak_quarantined": 0, "peak_external": 0,
+         "ooms": 0, "dropped": None, "footer": False, "files": 0, "host_us_by_api": {}}
     live_external = 0
     host_ns = {}
     files = [path] if os.path.exists(path) else []
@@ -282,7 +282,8 @@ if wanted("xlasync"):
     runs = [
         run("xlasync-bfc-dispatch", JAX_VMM + ["dispatch"], dict(det, MODE="bfc")),
         run("xlasync-platform-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform")),
-        run("xlasync-platform-sync-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform+cupool sync"), shim=sync),
+        run("xlasync-platform-sync-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform+cupool sync"),
+            shim=sync),
         run("xlasync-platform-deferred-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform+cupool deferred"),
             shim=deferred),
     ]
