@@ -153,6 +153,11 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
   else if (tc != nullptr)
     reclaim_large_locked(tc);  // before allocating, so that it can coalesce and serve this
   if (cfg_.release_idle_ns) check_idle(lk);
+  if (deferred_ && !pending_.empty() && (pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes) &&
+      seal_due(now())) {
+    seal_pending();  // a full batch that frees left open (they seal at most once an interval)
+    retire_ready();
+  }
   if (deferred_ && sub_.held() > kQuarantineFloor) bound_quarantine(lk);
   AllocResult r;
   if (std::uint64_t p = sub_.allocate(size))
@@ -172,19 +177,25 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
 
 // Waits for the oldest fence that no other thread waits on, outside the lock, and retires what it
 // proves reusable. `seal_first`: put the open batch behind a fence first (it may be the one waited
-// for). Only a fence sealed before `sealed_before` (ns) is waited for. False when there was none.
-bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, std::uint64_t sealed_before) {
+// for). `bounding` (the quarantine bound, not a shortage): only a fence a free sealed at least an
+// interval ago. False when there was none to wait for.
+bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
   if (seal_first) seal_pending();
   std::size_t i = batch_head_;
   while (i < batches_.size() && batches_[i].taken) ++i;  // another thread waits on those
-  if (i == batches_.size() || batches_[i].sealed_ns >= sealed_before) return false;
+  if (i == batches_.size()) return false;
+  if (bounding) {
+    const std::uint64_t t = now();
+    const Batch& b = batches_[i];
+    if (!b.from_free || t < b.sealed_ns || t - b.sealed_ns < kSealIntervalNs) return false;
+  }
   batches_[i].taken = true;  // nobody else polls or waits on a fence the upstream will forget
   const FenceId fence = batches_[i].fence;
   const std::uint64_t seq = batches_[i].seq;
   lk.unlock();
   up_.wait_fence(fence);
   lk.lock();
-  while (batch_head_ < batches_.size() && batches_[batch_head_].seq <= seq) retire_front();
+  retire_through(seq);
   retire_ready();
   return true;
 }
@@ -200,19 +211,19 @@ std::uint64_t DevicePool::wait_for_quarantine(Lock& lk, std::uint64_t bytes) {
 // Deferred frees never block, so a host far ahead of the device holds everything freed over its
 // whole lead in quarantine (a PyTorch step with a side stream: 3.4 GiB of 4 GiB reserved, on the
 // H200), and the pool grows by as much. An allocation past the bound waits for the oldest fences,
-// but only those sealed at least a sealing interval ago: the host has issued work since, so the
-// device still has some queued and does not run dry. What is still open is sealed, so that a
-// later allocation has an older fence to wait for. Under preallocate the bound is an eighth of
-// the whole region: memory held there costs nothing extra.
+// but only fences that a free sealed, at least a sealing interval ago:
+// - sealed by a free, a fence covers only work issued before that free, where cudaFree would
+//   have waited for the device anyway; a fence sealed at an allocation may cover later work that
+//   waits on something the host does next (a collective, a host function), and waiting for it
+//   could hang a program that runs without cupool;
+// - an interval old, the host has issued work since, so the device still has some queued.
+// Under preallocate the bound is an eighth of the whole region: memory held there costs nothing.
 void DevicePool::bound_quarantine(Lock& lk) {
   const std::uint64_t bound = std::max<std::uint64_t>(kQuarantineFloor, sub_.reserved() / 8);
   if (sub_.held() <= bound) return;
   retire_ready();
-  while (sub_.held() > bound) {
-    const std::uint64_t t = now();
-    if (!wait_oldest_fence(lk, false, t > kSealIntervalNs ? t - kSealIntervalNs : 0)) break;
+  while (sub_.held() > bound && wait_oldest_fence(lk, false, true)) {
   }
-  if (sub_.held() > bound && now() - last_seal_ns_ >= kSealIntervalNs) seal_pending();
 }
 
 // The miss path, in order: retired fences; (first use) preallocation; waiting for the oldest
@@ -456,8 +467,8 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     // sealing at every 64 MiB freed made the host, not the device, set a training step's pace.
     // Frees seal at most once per kSealIntervalNs; an allocation that misses seals at once.
     const bool full = pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes;
-    if (full && now() - last_seal_ns_ >= kSealIntervalNs) {
-      seal_pending();
+    if (full && seal_due(now())) {
+      seal_pending(true);
       retire_ready();
     }
     if (cfg_.release_idle_ns) check_idle(lk);
@@ -628,11 +639,17 @@ void DevicePool::check_idle(Lock& lk) {
   if (t >= idle) release_free_chunks(lk, false, t - idle);
 }
 
-void DevicePool::seal_pending() {
+// Frees seal at most once per kSealIntervalNs (never sealed yet, or a clock that went back: due).
+bool DevicePool::seal_due(std::uint64_t t) const {
+  return last_seal_ns_ == kNever || t < last_seal_ns_ || t - last_seal_ns_ >= kSealIntervalNs;
+}
+
+void DevicePool::seal_pending(bool from_free) {
   if (pending_.empty()) return;
   last_seal_ns_ = now();
   Batch b;
   b.sealed_ns = last_seal_ns_;
+  b.from_free = from_free;
   b.fence = up_.place_fence();
   b.seq = ++batch_seq_;
   b.bytes = pending_bytes_;
@@ -656,9 +673,14 @@ void DevicePool::retire_ready() {
     }
     if (!up_.fence_retired(batches_[i].fence)) return;
     const std::uint64_t seq = batches_[i].seq;
-    while (batch_head_ < batches_.size() && batches_[batch_head_].seq <= seq) retire_front();
+    retire_through(seq);
     i = batch_head_;
   }
+}
+
+// A retired fence proves every batch up to it (by sequence) reusable.
+void DevicePool::retire_through(std::uint64_t seq) {
+  while (batch_head_ < batches_.size() && batches_[batch_head_].seq <= seq) retire_front();
 }
 
 void DevicePool::retire_front() {

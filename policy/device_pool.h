@@ -101,7 +101,8 @@ class DevicePool {
     FenceId fence = 0;
     std::uint64_t seq = 0;     // batches are sealed, fenced and retired in this order
     bool taken = false;        // a thread waits on its fence outside the lock
-    std::uint64_t sealed_ns = 0;
+    std::uint64_t sealed_ns = 0;  // when it was sealed (the pool's clock)
+    bool from_free = false;       // sealed by a free: covers no work issued after a free
     std::vector<std::uint64_t> blocks;
     std::uint64_t bytes = 0;
   };
@@ -160,7 +161,7 @@ class DevicePool {
 
   AllocResult allocate_slow(Lock& lk, std::size_t size);
   std::uint64_t wait_for_quarantine(Lock& lk, std::uint64_t bytes);
-  bool wait_oldest_fence(Lock& lk, bool seal_first, std::uint64_t sealed_before = ~std::uint64_t{0});
+  bool wait_oldest_fence(Lock& lk, bool seal_first, bool bounding = false);
   void bound_quarantine(Lock& lk);
   Grow grow(Lock& lk, std::size_t bytes);
   Grow preallocate(Lock& lk, std::size_t bytes);
@@ -168,7 +169,9 @@ class DevicePool {
   std::size_t release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before);
   void note_free(const Suballocator::FreeInfo& info);
   void check_idle(Lock& lk);
-  void seal_pending();
+  void seal_pending(bool from_free = false);
+  bool seal_due(std::uint64_t t) const;
+  void retire_through(std::uint64_t seq);
   void retire_ready();
   void retire_front();
   bool quarantine_empty() const { return pending_.empty() && batch_head_ == batches_.size(); }
@@ -205,7 +208,7 @@ class DevicePool {
   bool deferred_ = false;
   std::vector<std::uint64_t> pending_;       // held blocks not yet behind a fence
   std::uint64_t pending_bytes_ = 0;
-  std::uint64_t last_seal_ns_ = 0;           // when the open batch was last sealed
+  std::uint64_t last_seal_ns_ = ~std::uint64_t{0};  // when the open batch was last sealed (all ones: never)
   std::vector<Batch> batches_;               // FIFO from batch_head_
   std::size_t batch_head_ = 0;
   std::uint64_t batch_seq_ = 0;

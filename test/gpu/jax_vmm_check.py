@@ -45,6 +45,8 @@ def step_serial(w):
 
 
 mode = sys.argv[1] if len(sys.argv) > 1 else "step"
+if mode not in ("step", "dispatch", "serial"):
+    sys.exit("jax_vmm_check.py: unknown run %r (accepted: step, dispatch, serial)" % mode)
 label = os.environ.get("MODE", "?")
 for _ in range(3):
     w = step(w)

@@ -169,8 +169,10 @@ if wanted("inflight"):
     run("inflight-nocupool", [exe])
     for policy in ("growth", "preallocate"):
         for free in ("sync", "deferred"):
+            # A region with room for one 256 MiB buffer (and the flag word): the second
+            # allocation must reuse the first's memory, so deferred mode must wait for its fence.
             run(f"inflight-{policy}-{free}", [exe], shim={"CUPOOL_POLICY": policy, "CUPOOL_FREE": free,
-                                                       "CUPOOL_PREALLOCATE": "8GiB"})
+                                                       "CUPOOL_PREALLOCATE": "288MiB"})
 
 # ---- Issue 3: pair cost ---------------------------------------------------------------------
 if wanted("bench"):
