@@ -367,7 +367,7 @@ const std::array<OptionInfo, kOptionCount> kOptions = {{
    "How device memory is managed: a pool that grows in chunks, one up-front reservation, or no pool (trace only).",
    parse_policy},
   {"CUPOOL_FREE", "enum", "sync", "sync, deferred",
-   "When freed memory may be reused: after a device synchronize (what cudaFree does), or once a fence placed after the free has retired (the host never waits at a free).",
+   "When freed memory may be reused: after a device synchronize (what cudaFree does), or once a fence placed after the free has retired (a free never waits; an allocation may wait for old fences when much is held).",
    parse_free},
   {"CUPOOL_LIMIT", "size or percent, per device", "none",
    "a size (8GiB) or percent of device memory (50%); per device 0:8GiB,1:50%; an entry without a device prefix applies to the other devices (8GiB,1:4GiB)",
