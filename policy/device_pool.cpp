@@ -153,8 +153,7 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
   else if (tc != nullptr)
     reclaim_large_locked(tc);  // before allocating, so that it can coalesce and serve this
   if (cfg_.release_idle_ns) check_idle(lk);
-  if (deferred_ && !pending_.empty() && (pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes) &&
-      seal_due(now())) {
+  if (deferred_ && batch_full() && seal_due(now())) {
     seal_pending();  // a full batch that frees left open (they seal at most once an interval)
     retire_ready();
   }
@@ -187,7 +186,7 @@ bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
   if (bounding) {
     const std::uint64_t t = now();
     const Batch& b = batches_[i];
-    if (!b.from_free || t < b.sealed_ns || t - b.sealed_ns < kSealIntervalNs) return false;
+    if (!b.from_free || !interval_passed(b.sealed_ns, t)) return false;
   }
   batches_[i].taken = true;  // nobody else polls or waits on a fence the upstream will forget
   const FenceId fence = batches_[i].fence;
@@ -466,8 +465,7 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     // stream), and on the H200 such calls took about 1.7 us each while the device was busy, so
     // sealing at every 64 MiB freed made the host, not the device, set a training step's pace.
     // Frees seal at most once per kSealIntervalNs; an allocation that misses seals at once.
-    const bool full = pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes;
-    if (full && seal_due(now())) {
+    if (batch_full() && seal_due(now())) {
       seal_pending(true);
       retire_ready();
     }
@@ -641,7 +639,7 @@ void DevicePool::check_idle(Lock& lk) {
 
 // Frees seal at most once per kSealIntervalNs (never sealed yet, or a clock that went back: due).
 bool DevicePool::seal_due(std::uint64_t t) const {
-  return last_seal_ns_ == kNever || t < last_seal_ns_ || t - last_seal_ns_ >= kSealIntervalNs;
+  return last_seal_ns_ == kNever || t < last_seal_ns_ || interval_passed(last_seal_ns_, t);
 }
 
 void DevicePool::seal_pending(bool from_free) {

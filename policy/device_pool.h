@@ -171,6 +171,10 @@ class DevicePool {
   void check_idle(Lock& lk);
   void seal_pending(bool from_free = false);
   bool seal_due(std::uint64_t t) const;
+  bool batch_full() const { return pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes; }
+  static bool interval_passed(std::uint64_t since, std::uint64_t t) {
+    return t >= since && t - since >= kSealIntervalNs;
+  }
   void retire_through(std::uint64_t seq);
   void retire_ready();
   void retire_front();
