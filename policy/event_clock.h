@@ -1,11 +1,19 @@
 // The clock of trace events: CLOCK_MONOTONIC nanoseconds. Every traced call reads it twice, and
 // on the H200's VM clock_gettime costs 28-39 ns, so where the TSC is invariant and the kernel
 // trusts it (it lists "tsc" among its clock sources only when the CPUs' counters agree), it is
-// read instead and mapped onto CLOCK_MONOTONIC by a TscFit. Elsewhere (the dev VM's vCPUs
-// disagree by up to 29 us) clock_gettime is used.
+// read instead and mapped onto CLOCK_MONOTONIC by a TscFit. Elsewhere clock_gettime is used.
 //
-// Hot paths take a stamp() (a bare rdtsc, 18 ns there, against 35 ns for a fitted now()) and the
-// trace writer converts it later with stamp_to_ns(), which gives what now() would have.
+// Hot paths take a stamp() (an ordered rdtsc: lfence + rdtsc; a bare rdtsc was 18 ns there,
+// against 35 ns for a fitted now()) and the trace writer converts it later with stamp_to_ns(),
+// which gives what now() would have.
+//
+// What it guarantees across threads: a reading (now() or a stamp, once converted) taken by a
+// thread after it has seen, through memory with acquire order, another thread's reading or
+// anything that thread wrote after its reading, is never smaller. So an event that another
+// event caused through memory (a free, then the allocation that reuses the address) is never
+// stamped before it. This rests on two things: the read is ordered after earlier loads (the
+// lfence), and the CPUs' counters agree, which the kernel checked before it listed "tsc" as a
+// clock source (else CLOCK_MONOTONIC, which gives the same guarantee, is used).
 #pragma once
 
 #include <atomic>
