@@ -179,10 +179,18 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
 // for). `bounding` (the quarantine bound, not a shortage): only a fence a free sealed at least an
 // interval ago. False when there was none to wait for.
 bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
+  if (up_.capturing()) return false;  // a wait for uncaptured work is not the program's to make now
   if (seal_first) seal_pending();
   std::size_t i = batch_head_;
   while (i < batches_.size() && batches_[i].taken) ++i;  // another thread waits on those
-  if (i == batches_.size()) return false;
+  if (i == batches_.size()) {
+    // Every sealed fence is being waited on by another thread: wait for the first of them to
+    // retire its batches (giving up here would refuse memory that is about to come back).
+    if (bounding || i == batch_head_) return false;
+    const std::uint64_t head = batches_[batch_head_].seq;
+    fence_cv_.wait(lk, [&] { return abandoned_ || batch_head_ == batches_.size() || batches_[batch_head_].seq != head; });
+    return !abandoned_;
+  }
   if (bounding) {
     const std::uint64_t t = now();
     const Batch& b = batches_[i];
@@ -196,6 +204,7 @@ bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
   lk.lock();
   retire_through(seq);
   retire_ready();
+  fence_cv_.notify_all();
   return true;
 }
 
@@ -259,6 +268,10 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
   // queued, so the device does not go idle.
   if (sub_.held() >= bytes)
     if (std::uint64_t p = wait_for_quarantine(lk, bytes)) return {p};
+  // Another thread's reservation in flight counts against the cap until it lands, and its chunk
+  // may well serve this request: wait for it rather than grow beside it or refuse.
+  while (wait_for_growth(lk))
+    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
   if (may_grow()) {
     Grow g = grow(lk, bytes);
     if (g.ptr) return {g.ptr};
@@ -272,6 +285,15 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
     last = g;
   }
   if (std::uint64_t p = sub_.allocate(bytes)) return {p};  // another thread freed meanwhile
+  // Before refusing: bytes another thread is giving back or taking still count against the cap.
+  if (wait_for_transit(lk)) {
+    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
+    if (may_grow()) {
+      Grow g = grow(lk, bytes);
+      if (g.ptr) return {g.ptr};
+      last = g;
+    }
+  }
 
   AllocResult r{0, last.fail, last.driver_code};
   if (sub_.free_bytes() >= bytes) r = {0, trace::OomClass::fragmentation, 0};
@@ -294,6 +316,7 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   if (chunk > left) chunk = std::max(need, round_down(left, kChunkGranularity));
 
   transit_ += chunk;
+  ++growing_;
   lk.unlock();
   std::uint64_t t0 = now();
   std::uint64_t base = 0;
@@ -307,6 +330,8 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   std::uint64_t dur = now() - t0;
   lk.lock();
   transit_ -= chunk;
+  --growing_;
+  transit_cv_.notify_all();  // waiters re-check once the chunk is in (same critical section)
   if (abandoned_) return {0, trace::OomClass::device, 0};  // the context went away meanwhile
   if (st != UpstreamStatus::ok) return {0, trace::OomClass::device, code};
   step_ = std::min<std::uint64_t>(step_ * 2, std::max<std::uint64_t>(cfg_.growth_chunk_max, step_));
@@ -332,6 +357,7 @@ DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
   }
   prealloc_busy_ = true;
   transit_ += want;
+  ++growing_;
   lk.unlock();
   std::uint64_t t0 = now();
   std::uint64_t base = 0;
@@ -347,6 +373,8 @@ DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
   std::uint64_t dur = now() - t0;
   lk.lock();
   transit_ -= want;
+  --growing_;
+  transit_cv_.notify_all();
   prealloc_busy_ = false;
   prealloc_cv_.notify_all();
   if (abandoned_) return {0, trace::OomClass::device, 0};
@@ -378,9 +406,28 @@ DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, 
   return {sub_.allocate(bytes), trace::OomClass::none, 0};
 }
 
+// Waits until a reservation that another thread has in flight lands (the lock is dropped
+// meanwhile). False when none was in flight. Reservations do not wait for each other, so this
+// cannot deadlock; it never waits on device work.
+bool DevicePool::wait_for_growth(Lock& lk) {
+  if (growing_ == 0) return false;
+  transit_cv_.wait(lk, [&] { return growing_ == 0 || abandoned_; });
+  return !abandoned_;
+}
+
+// The same for any bytes in transit, releases included (a release may wait for the device, as
+// cuMemFree does): only on the way to a refusal.
+bool DevicePool::wait_for_transit(Lock& lk) {
+  if (transit_ == 0) return false;
+  transit_cv_.wait(lk, [&] { return transit_ == 0 || abandoned_; });
+  return !abandoned_;
+}
+
 // Gives back wholly free chunks (those idle since before `idle_before`, kNever: all); the
 // preallocated chunk only when asked. The lock is dropped around the upstream calls.
 std::size_t DevicePool::release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before) {
+  // cuMemFree is a call a capture may forbid the calling thread: chunks stay until it has ended.
+  if (up_.capturing()) return 0;
   std::vector<Reservation> gone;
   std::vector<std::uint64_t> bases;
   sub_.for_each_free_chunk([&](std::uint32_t id, std::uint64_t base, std::size_t) {
@@ -411,6 +458,7 @@ std::size_t DevicePool::release_free_chunks(Lock& lk, bool include_prealloc, std
   }
   lk.lock();
   transit_ -= bytes;
+  transit_cv_.notify_all();
   for (std::size_t i = 0; i < gone.size(); ++i)
     emit(trace::EventKind::release, gone[i].size, gone[i].base, times[i].first, times[i].second);
   return gone.size();
@@ -430,6 +478,11 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     // looking the pointer up so the lock is taken once; a foreign pointer's free waits anyway.
     up_.synchronize();
   }
+  // Reuse needs a fence: deferred frees once streams overlap; and, during a stream capture, sync
+  // frees too: the wait above then covered only the work that is not being captured, and work
+  // that threads put on their per-thread streams meanwhile may not be covered (docs/design.md,
+  // "Stream capture"). Such blocks wait in quarantine until the capture has ended.
+  const bool hold = deferred_ ? up_.needs_fences() : up_.capturing();
   // A block this thread got from the pool goes into its cache when reuse needs no fence.
   bool known_live = false;  // this thread tracked it: live, and in nobody's bin
   if (cfg_.thread_cache && ptr != 0) {
@@ -438,7 +491,7 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
       std::unique_lock g(tc->lock);
       if (tc->untrack(ptr, &bytes)) {
         known_live = true;
-        if (cache_usable() && tc->put(ptr, bytes)) {
+        if (!hold && cache_usable() && tc->put(ptr, bytes)) {
           g.unlock();
           if (size) *size = bytes;
           if (state) fast_state(state, -static_cast<std::int64_t>(bytes));
@@ -458,14 +511,14 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
       c->untrack(ptr, &ignored);
     }
   }
-  if (deferred_ && up_.needs_fences()) {
+  if (hold) {
     auto st = quarantine_locked(ptr, &freed_size);
     if (st != Suballocator::FreeStatus::freed) return finish(st);
     // A fence costs one call per stream the process made (PyTorch makes 128 once it uses a side
     // stream), and on the H200 such calls took about 1.7 us each while the device was busy, so
     // sealing at every 64 MiB freed made the host, not the device, set a training step's pace.
     // Frees seal at most once per kSealIntervalNs; an allocation that misses seals at once.
-    if (batch_full() && seal_due(now())) {
+    if (deferred_ && batch_full() && seal_due(now())) {
       seal_pending(true);
       retire_ready();
     }
@@ -643,7 +696,7 @@ bool DevicePool::seal_due(std::uint64_t t) const {
 }
 
 void DevicePool::seal_pending(bool from_free) {
-  if (pending_.empty()) return;
+  if (pending_.empty() || up_.capturing()) return;  // the open batch is sealed once the capture ends
   last_seal_ns_ = now();
   Batch b;
   b.sealed_ns = last_seal_ns_;
@@ -663,6 +716,7 @@ void DevicePool::seal_pending(bool from_free) {
 // Fences retire in order: poll from the oldest until one has not retired; a retired fence
 // proves every older batch reusable, including those another thread is still waiting on.
 void DevicePool::retire_ready() {
+  if (batch_head_ == batches_.size() || up_.capturing()) return;  // a poll is a query: not during a capture
   std::size_t i = batch_head_;
   while (i < batches_.size()) {
     if (batches_[i].taken) {  // its fence belongs to a waiting thread: look further
@@ -791,20 +845,28 @@ std::uint64_t DevicePool::external() const {
   return external_;
 }
 
+// Refused only when the bytes the process holds plus `bytes` pass the cap once the pool has given
+// back what it can (thread caches, the quarantine, wholly free chunks) and no reservation or
+// release of another thread is still in flight.
 bool DevicePool::try_charge_external(std::size_t bytes) {
   Lock lk(mu_);
-  if (bytes <= headroom()) {
-    external_ += bytes;
-    return true;
-  }
-  if (!abandoned_) {
-    reclaim_caches_locked();
-    retire_ready();
-    release_free_chunks(lk, false, kNever);
+  for (bool given_back = false;;) {
     if (bytes <= headroom()) {
       external_ += bytes;
       return true;
     }
+    if (abandoned_) break;
+    if (wait_for_growth(lk)) continue;
+    if (!given_back) {
+      given_back = true;
+      reclaim_caches_locked();
+      retire_ready();
+      while (!quarantine_empty() && wait_oldest_fence(lk, true)) {
+      }
+      release_free_chunks(lk, false, kNever);
+      continue;
+    }
+    if (!wait_for_transit(lk)) break;
   }
   emit(trace::EventKind::oom, bytes, 0, now(), 0, has_limit_ ? trace::OomClass::limit : trace::OomClass::device);
   return false;
@@ -813,6 +875,11 @@ bool DevicePool::try_charge_external(std::size_t bytes) {
 bool DevicePool::has_room(std::size_t bytes) const {
   Lock lk(mu_);
   return bytes <= headroom();
+}
+
+void DevicePool::charge_external(std::size_t bytes) {
+  Lock lk(mu_);
+  external_ += bytes;
 }
 
 void DevicePool::uncharge_external(std::size_t bytes) {

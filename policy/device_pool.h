@@ -69,6 +69,9 @@ class DevicePool {
   bool try_charge_external(std::size_t bytes);
   bool has_room(std::size_t bytes) const;  // under the cap as things stand (nothing given back)
   void uncharge_external(std::size_t bytes);
+  // Memory the driver has already handed out where no admission could come first (graph memory
+  // the driver reports after the fact): counted, whatever the cap says.
+  void charge_external(std::size_t bytes);
 
   void trim();     // give back every wholly free chunk (the preallocated one too)
   void abandon();  // the context is gone: forget everything, never call the upstream again
@@ -160,6 +163,8 @@ class DevicePool {
   friend struct ThreadCacheRegistry;
 
   AllocResult allocate_slow(Lock& lk, std::size_t size);
+  bool wait_for_growth(Lock& lk);
+  bool wait_for_transit(Lock& lk);
   std::uint64_t wait_for_quarantine(Lock& lk, std::uint64_t bytes);
   bool wait_oldest_fence(Lock& lk, bool seal_first, bool bounding = false);
   void bound_quarantine(Lock& lk);
@@ -194,6 +199,11 @@ class DevicePool {
   std::uint64_t cap_ = 0;
   bool has_limit_ = false;
   std::uint64_t transit_ = 0;   // bytes being reserved or released outside the lock
+  int growing_ = 0;             // reservations (grow, preallocate) in flight
+  // Signalled when a reservation or a release in flight lands: a thread that could not fit
+  // beside it waits for it instead of refusing (docs/design.md, "Cap").
+  std::condition_variable_any transit_cv_;
+  std::condition_variable_any fence_cv_;  // a thread's wait for a fence has retired batches
   std::uint64_t external_ = 0;
   std::uint64_t step_ = 0;      // growth: the next chunk size
   std::atomic<bool> abandoned_{false};  // read without the lock by the thread-cache paths

@@ -12,6 +12,7 @@ SimUpstream::SimUpstream(std::size_t capacity, std::size_t granularity, std::uin
 }
 
 UpstreamStatus SimUpstream::reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) {
+  if (reserve_gate_) reserve_gate_();
   std::lock_guard lock(mu_);
   ++counters_.reserve_calls;
   auto fail = [&](UpstreamStatus s) {
@@ -92,6 +93,7 @@ bool SimUpstream::needs_fences() {
 FenceId SimUpstream::place_fence() {
   std::lock_guard lock(mu_);
   ++counters_.fences_placed;
+  counters_.fence_calls_while_capturing += capturing_;
   FenceId f = ++last_fence_;
   if (!pending_work_) completed_ = f;
   return f;
@@ -100,14 +102,28 @@ FenceId SimUpstream::place_fence() {
 bool SimUpstream::fence_retired(FenceId fence) {
   std::lock_guard lock(mu_);
   ++counters_.fence_polls;
+  counters_.fence_calls_while_capturing += capturing_;
   return fence <= completed_;
 }
 
 void SimUpstream::wait_fence(FenceId fence) {
   std::lock_guard lock(mu_);
   ++counters_.fence_waits;
+  counters_.fence_calls_while_capturing += capturing_;
   completed_ = std::max(completed_, std::min(fence, last_fence_));
 }
+
+bool SimUpstream::capturing() {
+  std::lock_guard lock(mu_);
+  return capturing_;
+}
+
+void SimUpstream::set_capturing(bool capturing) {
+  std::lock_guard lock(mu_);
+  capturing_ = capturing;
+}
+
+void SimUpstream::set_reserve_gate(std::function<void()> gate) { reserve_gate_ = std::move(gate); }
 
 void SimUpstream::fail_next_reserves(int count, UpstreamStatus status) {
   std::lock_guard lock(mu_);

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -32,6 +33,7 @@ class SimUpstream final : public Upstream {
   FenceId place_fence() override;
   bool fence_retired(FenceId fence) override;
   void wait_fence(FenceId fence) override;
+  bool capturing() override;
 
   // Failure injection: the next `count` reserve() calls fail with `status`.
   void fail_next_reserves(int count, UpstreamStatus status = UpstreamStatus::out_of_memory);
@@ -45,6 +47,11 @@ class SimUpstream final : public Upstream {
   void set_pending_work(bool pending);
   void complete_all();
   void set_needs_fences(bool needs);
+  // A stream capture in progress: fence calls made meanwhile are counted (a pool must make none).
+  void set_capturing(bool capturing);
+  // Called by reserve() before it takes the device lock, on the reserving thread: a test can
+  // hold a reservation in flight there. Set before the pool is shared between threads.
+  void set_reserve_gate(std::function<void()> gate);
 
   struct Counters {
     std::uint64_t reserve_calls = 0, reserve_failures = 0, release_calls = 0;
@@ -53,6 +60,7 @@ class SimUpstream final : public Upstream {
     std::uint64_t total_reserved_bytes = 0, total_released_bytes = 0;
     std::uint64_t synchronizes = 0, fences_placed = 0, fence_polls = 0, fence_waits = 0;
     std::uint64_t bad_releases = 0;  // release() of something reserve() did not return
+    std::uint64_t fence_calls_while_capturing = 0;  // place/poll/wait during a capture
   };
   Counters counters() const;
   std::size_t capacity() const { return capacity_; }
@@ -75,6 +83,8 @@ class SimUpstream final : public Upstream {
   std::size_t fail_above_ = 0;
   bool pending_work_ = false;
   bool needs_fences_ = true;
+  bool capturing_ = false;
+  std::function<void()> reserve_gate_;
   FenceId last_fence_ = 0;
   FenceId completed_ = 0;  // every fence <= completed_ has retired
   Counters counters_;

@@ -43,6 +43,13 @@ class Upstream {
   virtual bool fence_retired(FenceId fence) = 0;
   // Blocking: wait until the fence retires (then it is forgotten).
   virtual void wait_fence(FenceId fence) = 0;
+
+  // A stream capture (a CUDA graph being recorded) is in progress. Placing, polling or waiting
+  // for fences now could invalidate it (the driver forbids querying or synchronizing a capturing
+  // stream, and, in its stricter modes, most queries at all), so the pool does none of these
+  // until it ends. synchronize() stays usable: the driver's upstream then waits only for work
+  // that is not being captured, as the driver's own cudaFree does there.
+  virtual bool capturing() { return false; }
 };
 
 }  // namespace cupool

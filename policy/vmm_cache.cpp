@@ -52,8 +52,9 @@ void VmmCache::became_free(std::uint64_t id, Entry& e) {
   pending_bytes_ += e.size;
   // Deferred: a fence now, at the free, covers exactly the work that may still use the mapping.
   // Placed later (at the next cuMemCreate) it would cover work issued since, and waiting for it
-  // would be a full synchronize.
-  if (mode_ == FreeMode::deferred) seal(e.owner);
+  // would be a full synchronize. Not during a stream capture (a fence is a query the capture
+  // may forbid): then the mapping waits, unfenced, until a cuMemCreate after the capture.
+  if (mode_ == FreeMode::deferred && !e.owner->capturing()) seal(e.owner);
 }
 
 void VmmCache::make_safe(std::uint64_t, Entry& e) {
@@ -177,6 +178,9 @@ std::uint64_t VmmCache::take(Upstream* owner, std::uint64_t size, const VmmProps
   };
   if (std::uint64_t h = safe_one()) return h;
   if (free_.find(key) == free_.end()) return 0;  // nothing of this size: create for real
+  // During a stream capture no synchronize, fence or wait: what is not safe yet stays kept, and
+  // the program's cuMemCreate goes to the driver.
+  if (owner->capturing()) return 0;
 
   // Waits (a synchronize, a fence) happen with the lock dropped: they last as long as the
   // device's queue, and other threads' VMM calls, or a host callback the device is waiting for,
@@ -433,11 +437,12 @@ std::uint64_t VmmCache::evict_free(Upstream* owner) {
   for (const auto& [key, list] : free_)
     if (owner == nullptr || key.owner == owner)
       for (std::uint64_t id : list) {
+        const Entry* e = by_id(id);
+        const bool safe = e && e->stage == Stage::safe;
+        if (!safe && key.owner->capturing()) continue;  // no synchronize during a capture: kept
         ids.push_back(id);
         bytes += key.size;
-        const Entry* e = by_id(id);
-        if (e && e->stage != Stage::safe &&
-            std::find(unsafe_owners.begin(), unsafe_owners.end(), key.owner) == unsafe_owners.end())
+        if (!safe && std::find(unsafe_owners.begin(), unsafe_owners.end(), key.owner) == unsafe_owners.end())
           unsafe_owners.push_back(key.owner);
       }
   // The program freed these, but the device may still be using them: a kept mapping is not

@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <thread>
@@ -827,4 +829,197 @@ TEST_CASE("thread cache: no reuse without a fence once streams can overlap", "[p
   CHECK(pool.state().quarantined == 8192);
   up.complete_all();
   up.set_pending_work(false);
+}
+
+// ---- admission under a cap: growths in flight wait for each other --------------------------------
+
+namespace {
+// Holds the first reservation in flight until released: a second thread's miss then finds the
+// first one's bytes in transit.
+struct ReserveGate {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool entered = false, open = false;
+  void pass() {
+    std::unique_lock lk(mu);
+    if (open) return;
+    entered = true;
+    cv.notify_all();
+    cv.wait(lk, [&] { return open; });
+  }
+  void wait_entered() {
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return entered; });
+  }
+  void release() {
+    std::lock_guard lk(mu);
+    open = true;
+    cv.notify_all();
+  }
+};
+}  // namespace
+
+TEST_CASE("pool: an allocation waits for another thread's growth in flight instead of refusing", "[pool][cap]") {
+  // Cap 64 MiB, first chunk 64 MiB: while thread A's chunk is in flight, all 64 MiB count against
+  // the cap, so thread B could only refuse (what prog_threads saw under CUPOOL_LIMIT=128MiB) or
+  // wait for A's chunk, which has room for both.
+  for (FreeMode mode : {FreeMode::sync, FreeMode::deferred}) {
+    SimUpstream up(1 * GiB);
+    ReserveGate gate;
+    up.set_reserve_gate([&] { gate.pass(); });
+    Config cfg = with_limit(growth_config(64 * MiB, 64 * MiB), 64 * MiB);
+    cfg.free_mode = mode;
+    RecordingSink sink;
+    DevicePool pool(cfg, 0, up, &sink);
+    AllocResult a, b;
+    std::atomic<bool> b_done{false};
+    std::thread ta([&] { a = pool.allocate(MiB); });
+    gate.wait_entered();
+    std::thread tb([&] {
+      b = pool.allocate(MiB);
+      b_done = true;
+    });
+    // B either refuses at once (the defect) or waits on the pool for A's chunk: nothing else it
+    // can do until the gate opens. Give it every chance to finish first, without a timing bound.
+    for (int i = 0; i < 1000 && !b_done; ++i) std::this_thread::yield();
+    gate.release();
+    ta.join();
+    tb.join();
+    INFO("free mode " << static_cast<int>(mode));
+    CHECK(a.ptr != 0);
+    CHECK(b.ptr != 0);
+    CHECK(b.oom == OomClass::none);
+    CHECK(sink.of(EventKind::oom).empty());
+    CHECK(up.counters().reserve_calls == 1);  // one chunk served both: B did not grow beside A
+    CHECK(up.counters().peak_reserved_bytes <= 64 * MiB);
+  }
+}
+
+TEST_CASE("pool: an external charge waits for a growth in flight instead of refusing", "[pool][cap]") {
+  SimUpstream up(1 * GiB);
+  ReserveGate gate;
+  up.set_reserve_gate([&] { gate.pass(); });
+  DevicePool pool(with_limit(growth_config(32 * MiB, 32 * MiB), 64 * MiB), 0, up, nullptr);
+  std::uint64_t a = 0;
+  std::thread ta([&] { a = pool.allocate(MiB).ptr; });
+  gate.wait_entered();  // 32 MiB in flight: a 40 MiB external charge fits only if A's chunk...
+  bool charged = false;
+  std::thread tb([&] { charged = pool.try_charge_external(32 * MiB); });
+  for (int i = 0; i < 1000; ++i) std::this_thread::yield();
+  gate.release();
+  ta.join();
+  tb.join();
+  CHECK(a != 0);
+  CHECK(charged);  // 32 MiB chunk + 32 MiB external = the cap exactly
+  CHECK(pool.external() == 32 * MiB);
+}
+
+TEST_CASE("pool: many threads at the edge of the cap are never refused while their memory fits", "[pool][cap]") {
+  // Blocks of one size (no fragmentation is possible) and 2 MiB chunks: 8 threads each keep at
+  // most 4 blocks of 1 MiB live, 32 MiB in all, which is exactly the cap. Every allocation fits
+  // once the pool has given back what is free, so none may be refused, and the device must never
+  // hold more than the cap.
+  for (FreeMode mode : {FreeMode::sync, FreeMode::deferred}) {
+    for (bool thread_cache : {true, false}) {
+      SimUpstream up(1 * GiB);
+      up.set_pending_work(mode == FreeMode::deferred);
+      Config cfg = with_limit(growth_config(2 * MiB, 2 * MiB), 32 * MiB);
+      cfg.free_mode = mode;
+      cfg.thread_cache = thread_cache;
+      RecordingSink sink;
+      DevicePool pool(cfg, 0, up, &sink);
+      std::atomic<int> refused{0};
+      std::atomic<bool> stop{false};
+      // In deferred mode fences retire only when this thread lets them (or a waiter waits).
+      std::thread device([&] {
+        while (!stop) {
+          up.complete_all();
+          std::this_thread::yield();
+        }
+      });
+      std::vector<std::thread> workers;
+      for (int t = 0; t < 8; ++t)
+        workers.emplace_back([&, t] {
+          std::vector<std::uint64_t> mine;
+          std::uint32_t x = 2463534242u + static_cast<std::uint32_t>(t);
+          for (int i = 0; i < 3000; ++i) {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            if (mine.size() < 4 && (mine.empty() || x % 2)) {
+              AllocResult r = pool.allocate(MiB);
+              if (r.ptr) mine.push_back(r.ptr);
+              else ++refused;
+            } else {
+              pool.deallocate(mine.back());
+              mine.pop_back();
+            }
+          }
+          for (std::uint64_t p : mine) pool.deallocate(p);
+        });
+      for (auto& w : workers) w.join();
+      stop = true;
+      device.join();
+      INFO("free mode " << static_cast<int>(mode) << ", thread cache " << thread_cache);
+      CHECK(refused == 0);
+      CHECK(sink.of(EventKind::oom).empty());
+      CHECK(up.counters().peak_reserved_bytes <= 32 * MiB);
+    }
+  }
+}
+
+// ---- stream capture: no fence, poll or wait while one is in progress -----------------------------
+
+TEST_CASE("pool: during a stream capture nothing is fenced, polled or waited for", "[pool][capture]") {
+  SimUpstream up(1 * GiB);
+  up.set_pending_work(true);
+  Config cfg = growth_config(32 * MiB, 32 * MiB);
+
+  SECTION("deferred: frees wait in the open batch; it is sealed once the capture has ended") {
+    cfg.free_mode = FreeMode::deferred;
+    DevicePool pool(cfg, 0, up, nullptr);
+    std::vector<std::uint64_t> blocks;
+    for (int i = 0; i < 200; ++i) blocks.push_back(pool.allocate(MiB).ptr);  // 200 MiB, several chunks
+    up.set_capturing(true);
+    for (std::uint64_t p : blocks) CHECK(pool.deallocate(p) == FreeResult::freed);  // full batches
+    // Allocations that miss: the quarantine cannot be fenced, so the pool grows instead.
+    for (int i = 0; i < 40; ++i) CHECK(pool.allocate(8 * MiB).ptr != 0);
+    CHECK(up.counters().fence_calls_while_capturing == 0);
+    CHECK(pool.state().quarantined == 200 * MiB);
+    up.set_capturing(false);
+    // A miss the quarantine can serve: the open batch is sealed now, and waited for.
+    const std::uint64_t reserved = pool.state().reserved;
+    CHECK(pool.allocate(16 * MiB).ptr != 0);
+    CHECK(up.counters().fences_placed > 0);
+    CHECK(pool.state().reserved == reserved);  // served by the quarantine, not by growth
+  }
+  SECTION("sync: a free waits as cudaFree does, and its block is reused only after the capture") {
+    cfg.free_mode = FreeMode::sync;
+    DevicePool pool(cfg, 0, up, nullptr);
+    const std::uint64_t a = pool.allocate(MiB).ptr;
+    up.set_capturing(true);
+    CHECK(pool.deallocate(a) == FreeResult::freed);
+    CHECK(up.counters().synchronizes == 1);  // the upstream's wait covers the uncaptured work
+    CHECK(pool.state().quarantined == MiB);
+    const std::uint64_t b = pool.allocate(MiB).ptr;
+    CHECK(b != a);  // not before the capture has ended
+    CHECK(up.counters().fence_calls_while_capturing == 0);
+    up.set_capturing(false);
+    CHECK(pool.deallocate(b) == FreeResult::freed);
+    up.set_pending_work(false);
+    const std::uint64_t reserved = pool.state().reserved;
+    CHECK(pool.allocate(32 * MiB).ptr != 0);  // a miss seals the leftover, and it is reused
+    CHECK(pool.state().quarantined == 0);
+    CHECK(pool.state().reserved == reserved);
+  }
+  SECTION("deferred, one order of work: a capture changes nothing") {
+    cfg.free_mode = FreeMode::deferred;
+    up.set_needs_fences(false);
+    DevicePool pool(cfg, 0, up, nullptr);
+    const std::uint64_t a = pool.allocate(MiB).ptr;
+    up.set_capturing(true);
+    CHECK(pool.deallocate(a) == FreeResult::freed);
+    CHECK(pool.allocate(MiB).ptr == a);
+    CHECK(up.counters().fence_calls_while_capturing == 0);
+  }
 }
