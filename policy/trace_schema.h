@@ -10,8 +10,9 @@ namespace cupool::trace {
 
 // A reader accepts any minor version of its major version and refuses a newer major.
 // 2.0: `dur` left out of calls that were not timed, and `timed_for` (docs/trace-format.md).
+// 2.1: `graph_mem` events; arrays are `alloc`/`free` events (their handle in `ptr`).
 inline constexpr int kFormatMajor = 2;
-inline constexpr int kFormatMinor = 0;
+inline constexpr int kFormatMinor = 1;
 inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
 inline constexpr int kLastMinorOfMajor1 = 1;  // 1.1: the last 1.x
 // A call that a thread's cache serves is timed with probability 1/kCacheTimingSample. Timing it
@@ -40,6 +41,7 @@ enum class EventKind : std::uint8_t {
   context_reset,  // a context went away (cudaDeviceReset, cuCtxDestroy...): its pool is dropped
   stream_create,  // the process (or a library in it) created a stream; `flags` say whether it is non-blocking
   stream_destroy,
+  graph_mem,      // the driver's graph-memory reservation changed: `size` is what it reserves now
   count_
 };
 // Events placed in time at the end of their call (memory is handed out by the time it returns);
@@ -52,7 +54,7 @@ constexpr bool timed_at_end(EventKind k) {
 inline constexpr std::array<std::string_view, static_cast<int>(EventKind::count_)> kEventKindNames = {
     "alloc", "free", "mem_info", "vmm_create", "vmm_release", "vmm_map", "vmm_unmap",
     "va_reserve", "va_free", "grow", "release", "fence_retired", "oom", "device", "context_reset",
-    "stream_create", "stream_destroy"};
+    "stream_create", "stream_destroy", "graph_mem"};
 
 // How the call reached cupool.
 enum class Path : std::uint8_t {

@@ -5,6 +5,9 @@
 
 // We hook deprecated entry points too (cudaGetDriverEntryPoint): declare them without warnings.
 #define CUDA_ENABLE_DEPRECATED 1
+// The driver's own view of its header: every ABI variant declared under its real name (the
+// legacy-stream names, the _ptsz/_ptds per-thread ones, the old versions), no name remapped.
+#define __CUDA_API_VERSION_INTERNAL 1
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -13,10 +16,6 @@
 
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
-CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream hStream);
-CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
-                                              CUstream hStream);
-CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 cudaError_t CUDARTAPI cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t hStream);
 cudaError_t CUDARTAPI cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream);
 cudaError_t CUDARTAPI cudaGetDriverEntryPoint_ptsz(const char* symbol, void** funcPtr,

@@ -1,6 +1,10 @@
 #include "driver_upstream.h"
 
+#include <algorithm>
+
 #include "hook_table.h"
+#include "log.h"
+#include "streams.h"
 
 namespace cupool::shim {
 
@@ -21,41 +25,13 @@ const DriverCalls& driver() {
            get(c.event_record, "cuEventRecord") &
            get(c.event_query, "cuEventQuery") & get(c.event_synchronize, "cuEventSynchronize") &
            get(c.event_destroy, "cuEventDestroy_v2");
+    get(c.thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode");
+    get(c.device_get_graph_mem_attribute, "cuDeviceGetGraphMemAttribute");
+    get(c.array_get_descriptor, "cuArrayGetDescriptor_v2");
+    get(c.array3d_get_descriptor, "cuArray3DGetDescriptor_v2");
     return c;
   }();
   return calls;
-}
-
-bool StreamRegistry::created(CUcontext ctx, CUstream stream, unsigned flags) {
-  std::lock_guard lock(mutex_);
-  const bool was = concurrent_.load(std::memory_order_relaxed);
-  if (flags & CU_STREAM_NON_BLOCKING) {
-    non_blocking_[stream] = ctx;
-    concurrent_.store(true, std::memory_order_relaxed);
-  } else if (blocking_.insert(stream).second && ++blocking_created_ >= 2) {
-    // A handle seen twice (the runtime's create calls the driver's) counts once.
-    concurrent_.store(true, std::memory_order_relaxed);
-  }
-  return !was && concurrent_.load(std::memory_order_relaxed);
-}
-
-void StreamRegistry::destroyed(CUstream stream) {
-  std::lock_guard lock(mutex_);
-  non_blocking_.erase(stream);
-  blocking_.erase(stream);
-}
-
-std::vector<CUstream> StreamRegistry::non_blocking(CUcontext ctx) {
-  std::lock_guard lock(mutex_);
-  std::vector<CUstream> out;
-  for (const auto& [s, c] : non_blocking_)
-    if (c == ctx) out.push_back(s);
-  return out;
-}
-
-StreamRegistry& streams() {
-  static StreamRegistry* registry = new StreamRegistry;  // never destroyed: used until exit
-  return *registry;
 }
 
 namespace {
@@ -81,6 +57,17 @@ class ContextScope {
 };
 }  // namespace
 
+// The last work of a destroyed non-blocking stream: an event recorded on it at the destroy.
+// Shared by the fences placed while that work may still run; destroyed (never recycled: a
+// recycled event is recorded again on newer work) when the last of them lets go.
+struct DriverUpstream::Tombstone {
+  CUevent event = nullptr;
+  const DriverUpstream* owner = nullptr;
+  ~Tombstone() {
+    if (!owner->detached_) driver().event_destroy(event);
+  }
+};
+
 DriverUpstream::DriverUpstream(CUcontext ctx, CUdevice device) : ctx_(ctx), device_(device) {}
 
 DriverUpstream::~DriverUpstream() {
@@ -88,6 +75,19 @@ DriverUpstream::~DriverUpstream() {
   for (auto& [id, fence] : fences_)
     for (CUevent e : fence.events) driver().event_destroy(e);
   for (CUevent e : spare_events_) driver().event_destroy(e);
+  for (CUevent e : {legacy_snapshot_, probe_event_})
+    if (e) driver().event_destroy(e);
+}
+
+CUevent DriverUpstream::take_event_locked() {
+  CUevent e = nullptr;
+  if (!spare_events_.empty()) {
+    e = spare_events_.back();
+    spare_events_.pop_back();
+  } else if (driver().event_create(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
+    return nullptr;
+  }
+  return e;
 }
 
 UpstreamStatus DriverUpstream::reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) {
@@ -114,13 +114,102 @@ void DriverUpstream::device_memory(std::size_t* total, std::size_t* free) {
   CUPOOL_REAL(cuMemGetInfo_v2)(free, total);
 }
 
+// What cudaFree waits for. During a stream capture the driver's own cudaFree waits for the work
+// that is not being captured (measured: 50 ms behind a 50 ms kernel on another stream), while a
+// context synchronize would invalidate the capture; and a thread the capture mode forbids to
+// wait would invalidate it too, so such a thread does not wait (its free is refused before it
+// gets here, as the driver refuses it; what remains is cupool's own housekeeping).
 void DriverUpstream::synchronize() {
   if (detached_) return;
+  if (captures().any()) {
+    if (!captures().prohibited_here()) wait_uncaptured();
+    return;
+  }
   ContextScope scope(ctx_);
   driver().ctx_synchronize();
 }
 
+// An event on every stream of the context that is not capturing, the legacy stream (or, while a
+// blocking stream captures and the legacy stream cannot be used, the event recorded on it before
+// that capture began), and destroyed streams' last work; then a wait for each. Work that other
+// threads put on their per-thread streams during a blocking capture is not covered: the blocks
+// freed meanwhile stay in quarantine until the capture ends (DevicePool::deallocate).
+void DriverUpstream::wait_uncaptured() {
+  ContextScope scope(ctx_);
+  std::vector<CUstream> targets = streams().non_blocking_of(ctx_);
+  for (CUstream s : streams().blocking_of(ctx_)) targets.push_back(s);
+  targets.erase(std::remove_if(targets.begin(), targets.end(), [](CUstream s) { return captures().capturing(s); }),
+                targets.end());
+  const bool legacy_usable = !captures().blocking_capture(ctx_);
+  if (legacy_usable) targets.push_back(CU_STREAM_LEGACY);
+  std::vector<CUevent> recorded;
+  std::vector<TombstoneRef> tombstones;
+  CUevent snapshot = nullptr;
+  {
+    std::lock_guard lock(fence_mutex_);
+    for (CUstream s : targets) {
+      CUevent e = take_event_locked();
+      if (e == nullptr) continue;
+      if (driver().event_record(e, s) == CUDA_SUCCESS) recorded.push_back(e);
+      else spare_events_.push_back(e);
+    }
+    tombstones = tombstones_;
+    if (!legacy_usable) snapshot = legacy_snapshot_;
+  }
+  for (CUevent e : recorded) driver().event_synchronize(e);
+  for (const TombstoneRef& t : tombstones) driver().event_synchronize(t->event);
+  if (snapshot) driver().event_synchronize(snapshot);
+  std::lock_guard lock(fence_mutex_);
+  for (CUevent e : recorded) spare_events_.push_back(e);
+}
+
 bool DriverUpstream::needs_fences() { return streams().concurrent(); }
+
+bool DriverUpstream::capturing() { return captures().any(); }
+
+void DriverUpstream::stream_destroying(CUstream stream) {
+  if (detached_ || captures().capturing(stream)) return;  // captured work never runs
+  ContextScope scope(ctx_);
+  // An idle stream needs no tombstone; a query is an unsafe call, though, not to be made while a
+  // capture forbids it (then the event is recorded anyway: recording on a stream that is not
+  // capturing is always allowed).
+  if (!captures().prohibited_here() && driver().stream_query(stream) == CUDA_SUCCESS) return;
+  std::lock_guard lock(fence_mutex_);
+  CUevent e = nullptr;
+  if (driver().event_create(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return;
+  if (driver().event_record(e, stream) != CUDA_SUCCESS) {
+    driver().event_destroy(e);
+    return;
+  }
+  auto t = std::make_shared<Tombstone>();
+  t->event = e;
+  t->owner = this;
+  tombstones_.push_back(std::move(t));
+}
+
+void DriverUpstream::before_blocking_capture() {
+  if (detached_) return;
+  ContextScope scope(ctx_);
+  std::lock_guard lock(fence_mutex_);
+  if (legacy_snapshot_ == nullptr && driver().event_create(&legacy_snapshot_, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+    legacy_snapshot_ = nullptr;
+  if (legacy_snapshot_) driver().event_record(legacy_snapshot_, CU_STREAM_LEGACY);
+}
+
+CUevent DriverUpstream::probe_event() {
+  if (detached_) return nullptr;
+  ContextScope scope(ctx_);
+  std::lock_guard lock(fence_mutex_);
+  if (probe_event_ == nullptr && driver().event_create(&probe_event_, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+    probe_event_ = nullptr;
+  return probe_event_;
+}
+
+CUresult DriverUpstream::refuse_as_capture_does() {
+  CUevent probe = probe_event();
+  const CUresult rc = probe ? driver().event_query(probe) : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+  return rc == CUDA_SUCCESS ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : rc;
+}
 
 FenceId DriverUpstream::place_fence() {
   if (detached_) return 0;
@@ -130,29 +219,32 @@ FenceId DriverUpstream::place_fence() {
   // needs no event. Most of a framework's streams are idle at any moment (XLA creates 57 and
   // uses a few), and a query costs about what a record does, while each event recorded is also
   // queried later: on the H200 this about halved what XLA's fences cost (29 ms to 15-17 ms a run).
-  for (CUstream s : streams().non_blocking(ctx_))
+  for (CUstream s : streams().non_blocking_of(ctx_))
     if (driver().stream_query(s) != CUDA_SUCCESS) targets.push_back(s);
-  // The legacy default stream waits for every blocking stream, so one event there covers them
-  // (a query of it would not: it does not look at the blocking streams).
+  // The legacy default stream waits for every blocking stream, per-thread default streams
+  // included, so one event there covers them (a query of it would not: it does not look at the
+  // blocking streams).
   targets.push_back(CU_STREAM_LEGACY);
   std::lock_guard lock(fence_mutex_);
-  std::vector<CUevent> events;
+  Fence fence;
   for (CUstream s : targets) {
-    CUevent e = nullptr;
-    if (!spare_events_.empty()) {
-      e = spare_events_.back();
-      spare_events_.pop_back();
-    } else if (driver().event_create(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) {
-      continue;
-    }
+    CUevent e = take_event_locked();
+    if (e == nullptr) continue;
     if (driver().event_record(e, s) != CUDA_SUCCESS) {
       spare_events_.push_back(e);
       continue;
     }
-    events.push_back(e);
+    fence.events.push_back(e);
   }
+  // Destroyed streams whose last work is still running: no event can be recorded there any more.
+  tombstones_.erase(std::remove_if(tombstones_.begin(), tombstones_.end(),
+                                   [](const TombstoneRef& t) {
+                                     return driver().event_query(t->event) != CUDA_ERROR_NOT_READY;
+                                   }),
+                    tombstones_.end());
+  fence.tombstones = tombstones_;
   FenceId id = next_fence_++;
-  fences_.emplace(id, Fence{std::move(events), 0});
+  fences_.emplace(id, std::move(fence));
   return id;
 }
 
@@ -172,6 +264,10 @@ bool DriverUpstream::fence_retired(FenceId fence) {
   // about the streams still busy (a fence covers every stream: XLA creates 57). Not while a
   // thread waits on the fence: a recycled event may be recorded again, on newer work.
   Fence& f = it->second;
+  while (!f.tombstones.empty()) {
+    if (driver().event_query(f.tombstones.back()->event) == CUDA_ERROR_NOT_READY) return false;
+    f.tombstones.pop_back();
+  }
   if (f.waiters > 0) {
     for (CUevent e : f.events)
       if (driver().event_query(e) == CUDA_ERROR_NOT_READY) return false;
@@ -189,14 +285,21 @@ bool DriverUpstream::fence_retired(FenceId fence) {
 void DriverUpstream::wait_fence(FenceId fence) {
   if (detached_) return;
   std::vector<CUevent> events;
+  std::vector<TombstoneRef> tombstones;
   {
     std::lock_guard lock(fence_mutex_);
     auto it = fences_.find(fence);
     if (it == fences_.end()) return;
     ++it->second.waiters;
     events = it->second.events;
+    tombstones = it->second.tombstones;
   }
   for (CUevent e : events) driver().event_synchronize(e);
+  for (const TombstoneRef& t : tombstones) driver().event_synchronize(t->event);
+  {
+    std::lock_guard lock(fence_mutex_);
+    tombstones.clear();  // the last reference may go here: under the lock, as everywhere else
+  }
   std::lock_guard lock(fence_mutex_);
   if (auto it = fences_.find(fence); it != fences_.end() && --it->second.waiters == 0) forget_fence(fence);
 }

@@ -1,10 +1,12 @@
 // The Upstream of a pool on a real device: chunks from cuMemAlloc_v2, fences from CUDA events.
+// Fences cover every stream the process uses (shim/streams.h), including non-blocking streams
+// destroyed with work still queued; during a stream capture it waits only for uncaptured work.
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "cuda_api.h"
@@ -30,31 +32,13 @@ struct DriverCalls {
   decltype(&::cuEventSynchronize) event_synchronize = nullptr;
   decltype(&::cuEventDestroy_v2) event_destroy = nullptr;
   bool ok = false;  // every function above was found
+  // Optional (nullptr where the driver lacks them).
+  decltype(&::cuThreadExchangeStreamCaptureMode) thread_exchange_capture_mode = nullptr;
+  decltype(&::cuDeviceGetGraphMemAttribute) device_get_graph_mem_attribute = nullptr;
+  decltype(&::cuArrayGetDescriptor_v2) array_get_descriptor = nullptr;
+  decltype(&::cuArray3DGetDescriptor_v2) array3d_get_descriptor = nullptr;
 };
 const DriverCalls& driver();
-
-// The streams the process has created. Deferred frees need fences only once two streams can
-// run work at the same time: a non-blocking stream (fenced itself, since the legacy default
-// stream does not wait for it), a second blocking stream (one blocking stream and the legacy
-// stream wait for each other, so together they are still one order). Until then stream order
-// alone makes reuse safe. Per-thread default streams are not seen (docs/design.md says why).
-class StreamRegistry {
- public:
-  // True when this stream is the one that lets work overlap for the first time.
-  bool created(CUcontext ctx, CUstream stream, unsigned flags);
-  void destroyed(CUstream stream);
-  // Sticky: streams destroyed may still have work queued.
-  bool concurrent() const { return concurrent_.load(std::memory_order_relaxed); }
-  std::vector<CUstream> non_blocking(CUcontext ctx);
-
- private:
-  std::mutex mutex_;
-  std::unordered_map<CUstream, CUcontext> non_blocking_;
-  std::unordered_set<CUstream> blocking_;  // live blocking streams
-  unsigned blocking_created_ = 0;
-  std::atomic<bool> concurrent_{false};
-};
-StreamRegistry& streams();
 
 class DriverUpstream final : public Upstream {
  public:
@@ -69,23 +53,48 @@ class DriverUpstream final : public Upstream {
   FenceId place_fence() override;
   bool fence_retired(FenceId fence) override;
   void wait_fence(FenceId fence) override;
+  bool capturing() override;
 
   // The context is gone (reset or destroyed) or the process is exiting: call nothing more.
   void detach() { detached_ = true; }
+  CUcontext context() const { return ctx_; }
+
+  // The program is destroying non-blocking `stream`: work queued on it runs on, and the legacy
+  // stream does not wait for it, so until that work is done every fence includes an event
+  // recorded on it now (a tombstone).
+  void stream_destroying(CUstream stream);
+  // A blocking stream of this context is about to begin capturing, after which the legacy
+  // stream cannot be used: an event on it now covers the work queued before (for waits during
+  // the capture).
+  void before_blocking_capture();
+  // What the driver does to a call the capture mode forbids: an unsafe call of its own (a query
+  // of an event that is complete) fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and
+  // invalidates the captures that forbid it. Returns that code.
+  CUresult refuse_as_capture_does();
+  // An event of this context that was never recorded, so always complete (made on first use).
+  CUevent probe_event();
 
  private:
+  struct Tombstone;
+  using TombstoneRef = std::shared_ptr<Tombstone>;
   void forget_fence(FenceId fence);
+  CUevent take_event_locked();
+  void wait_uncaptured();
   CUcontext ctx_;
   CUdevice device_;
   std::atomic<bool> detached_{false};
   std::mutex fence_mutex_;
   FenceId next_fence_ = 1;
   struct Fence {
-    std::vector<CUevent> events;  // not yet seen complete
-    int waiters = 0;              // threads in wait_fence: its events are not recycled meanwhile
+    std::vector<CUevent> events;             // not yet seen complete
+    std::vector<TombstoneRef> tombstones;    // destroyed streams' last work (shared, not recycled)
+    int waiters = 0;  // threads in wait_fence: its events are not recycled meanwhile
   };
   std::unordered_map<FenceId, Fence> fences_;
   std::vector<CUevent> spare_events_;
+  std::vector<TombstoneRef> tombstones_;  // not yet seen complete
+  CUevent legacy_snapshot_ = nullptr;     // recorded before a blocking capture began
+  CUevent probe_event_ = nullptr;         // never recorded: always complete
 };
 
 }  // namespace cupool::shim

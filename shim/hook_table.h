@@ -12,13 +12,14 @@ namespace cupool::shim {
 enum class HookId : int {
 #define CUPOOL_RUNTIME_HOOK(symbol) symbol,
 #define CUPOOL_DRIVER_HOOK(symbol, base, min_version, max_version, stream) symbol,
+#define CUPOOL_WORK_HOOK(symbol, base, min_version, max_version, stream) symbol,
 #define CUPOOL_LOADER_HOOK(symbol) symbol,
 #include "hooks.def"
   count_
 };
 inline constexpr std::size_t kHookCount = static_cast<std::size_t>(HookId::count_);
 
-enum class HookKind : unsigned char { runtime, driver, loader };
+enum class HookKind : unsigned char { runtime, driver, loader };  // work hooks are driver hooks
 enum class StreamFlavour : unsigned char { ANY, LEGACY, PER_THREAD };
 
 struct HookEntry {
@@ -54,6 +55,8 @@ DlsymFn real_dlsym();
 
 // A driver function cupool calls itself but does not hook (cuCtxSynchronize, cuEventRecord...).
 void* driver_function(const char* symbol);
+// A runtime function of the process's shared runtime (nullptr if it has none: a static runtime).
+void* runtime_function(const char* symbol);
 
 }  // namespace cupool::shim
 

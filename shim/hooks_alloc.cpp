@@ -17,6 +17,7 @@
 #include "hooks_internal.h"
 #include "log.h"
 #include "shim_state.h"
+#include "streams.h"
 #include "thread_id.h"
 #include "units.h"
 #include "vmm_cache.h"
@@ -126,14 +127,23 @@ void warn_oom(const ContextPool* cp, const char* api, std::uint64_t size, OomCla
            human_bytes(s.in_use) + ", " + std::to_string(s.free_blocks) + " free blocks");
 }
 
-// The runtime's sticky error must say what a failed cudaMalloc would have left there: ask the
-// runtime for an allocation no device can satisfy. Only on the error path.
+// After a refusal of cupool's own in a runtime hook, the runtime's sticky error (cudaGetLastError,
+// cudaPeekAtLastError) must say what the driver's refusal would have left there:
+// cudaErrorMemoryAllocation. Asked of the runtime with an allocation no device can satisfy; only
+// on the error path, and not while a capture forbids this thread that call (the driver would
+// invalidate the capture for it, which the program's own call would not have done).
 void set_runtime_last_error_oom() {
+  if (captures().any() && captures().prohibited_here()) return;
   if (auto real = CUPOOL_REAL(cudaMalloc)) {
     void* p = nullptr;
     real(&p, SIZE_MAX);
   }
 }
+
+// A stream capture in progress forbids this thread "unsafe" calls (cudaMalloc, cudaFree and
+// their driver twins among them): the driver would refuse the program's own call and invalidate
+// the capture. cupool must do the same rather than serve it from a pool.
+bool capture_forbids_here() { return captures().any() && captures().prohibited_here(); }
 
 std::uint64_t vmm_evict(ContextPool* cp);
 std::uint64_t vmm_free_bytes(ContextPool* cp);
@@ -200,13 +210,16 @@ std::uint64_t vmm_free_bytes(ContextPool* cp) {
 
 // Runs a driver allocation outside the pools (managed, stream-ordered, VMM, passthrough),
 // charging the cap first. `call` returns the API's code; `ok`/`oom` are that API's codes.
+// `refused_here` (if given) is set when cupool itself refused (the cap), not the driver: a
+// runtime hook must then leave the runtime's last error as the driver's refusal would.
 template <typename Code, typename Call>
 Code external_allocate(ContextPool* cp, std::uint64_t bytes, Code ok, Code oom, const char* api,
-                       std::uint64_t* key, Call&& call) {
+                       std::uint64_t* key, Call&& call, bool* refused_here = nullptr) {
   // Free VMM mappings the cache keeps are charged: past the cap, they go back first.
   if (cp && vmm_free_bytes(cp) > 0 && !cp->pool->has_room(bytes)) vmm_evict(cp);
   if (cp && !cp->pool->try_charge_external(bytes) && !(vmm_evict(cp) > 0 && cp->pool->try_charge_external(bytes))) {
     warn_oom(cp, api, bytes, OomClass::limit);
+    if (refused_here) *refused_here = true;
     return oom;
   }
   Code rc = call();
@@ -244,14 +257,16 @@ cudaError_t cudaMalloc(Path path, void** devPtr, size_t size) {
   Event ev(EventKind::alloc, "cudaMalloc", path);
   ContextPool* cp = runtime_pool();
   cudaError_t rc;
-  if (cp == nullptr || !pooled()) {
+  if (cp == nullptr || !pooled() || capture_forbids_here()) {
+    // Passthrough, or a call the capture forbids: the runtime answers (and refuses) it itself.
     std::uint64_t key = 0;
+    bool refused_here = false;
     rc = external_allocate(cp, size, cudaSuccess, cudaErrorMemoryAllocation, "cudaMalloc", &key, [&] {
       cudaError_t r = real ? real(devPtr, size) : cudaErrorInitializationError;
       key = reinterpret_cast<std::uintptr_t>(*devPtr);
       return r;
-    });
-    if (rc == cudaErrorMemoryAllocation && cp) set_runtime_last_error_oom();
+    }, &refused_here);
+    if (refused_here) set_runtime_last_error_oom();
     ev.done(rc, size, rc == cudaSuccess ? reinterpret_cast<std::uintptr_t>(*devPtr) : 0, cp);
     return rc;
   }
@@ -282,14 +297,16 @@ cudaError_t cudaMallocPitch(Path path, void** devPtr, size_t* pitch, size_t widt
   Event ev(EventKind::alloc, "cudaMallocPitch", path);
   ContextPool* cp = runtime_pool();
   cudaError_t rc;
-  if (cp == nullptr || !pooled() || width == 0 || height == 0) {
+  if (cp == nullptr || !pooled() || width == 0 || height == 0 || capture_forbids_here()) {
     std::uint64_t key = 0;
     const std::uint64_t bytes = round_pitch(width) * height;
+    bool refused_here = false;
     rc = external_allocate(cp, bytes, cudaSuccess, cudaErrorMemoryAllocation, "cudaMallocPitch", &key, [&] {
       cudaError_t r = real ? real(devPtr, pitch, width, height) : cudaErrorInitializationError;
       key = reinterpret_cast<std::uintptr_t>(*devPtr);
       return r;
-    });
+    }, &refused_here);
+    if (refused_here) set_runtime_last_error_oom();
     ev.done(rc, bytes, rc == cudaSuccess ? reinterpret_cast<std::uintptr_t>(*devPtr) : 0, cp);
     return rc;
   }
@@ -316,11 +333,13 @@ cudaError_t cudaMallocManaged(Path path, void** devPtr, size_t size, unsigned in
   Event ev(EventKind::alloc, "cudaMallocManaged", path);
   ContextPool* cp = runtime_pool();
   std::uint64_t key = 0;
+  bool refused_here = false;
   cudaError_t rc = external_allocate(cp, size, cudaSuccess, cudaErrorMemoryAllocation, "cudaMallocManaged", &key, [&] {
     cudaError_t r = real ? real(devPtr, size, flags) : cudaErrorInitializationError;
     key = reinterpret_cast<std::uintptr_t>(*devPtr);
     return r;
-  });
+  }, &refused_here);
+  if (refused_here) set_runtime_last_error_oom();
   ev.done(rc, size, rc == cudaSuccess ? key : 0, cp);
   return rc;
 }
@@ -336,11 +355,13 @@ cudaError_t runtime_malloc_async(Path path, const char* api, Real real, void** d
   ev.stream(stream);
   ContextPool* cp = runtime_pool();
   std::uint64_t key = 0;
+  bool refused_here = false;
   cudaError_t rc = external_allocate(cp, size, cudaSuccess, cudaErrorMemoryAllocation, api, &key, [&] {
     cudaError_t r = real ? real(devPtr, size, stream) : cudaErrorInitializationError;
     key = reinterpret_cast<std::uintptr_t>(*devPtr);
     return r;
-  });
+  }, &refused_here);
+  if (refused_here) set_runtime_last_error_oom();
   ev.done(rc, size, rc == cudaSuccess ? key : 0, cp);
   return rc;
 }
@@ -375,12 +396,33 @@ cudaError_t cudaFreeAsync_ptsz(Path path, void* devPtr, cudaStream_t stream) {
 }
 
 namespace {
+// The runtime's twin of DriverUpstream::refuse_as_capture_does: the same unsafe call made
+// through the runtime, so that its last error says so too.
+cudaError_t refuse_runtime_as_capture_does(ContextPool* cp) {
+  using EventQuery = cudaError_t (*)(cudaEvent_t);
+  if (auto query = reinterpret_cast<EventQuery>(runtime_function("cudaEventQuery")))
+    if (CUevent probe = cp->upstream->probe_event()) {
+      const cudaError_t rc = query(reinterpret_cast<cudaEvent_t>(probe));
+      return rc == cudaSuccess ? cudaErrorStreamCaptureUnsupported : rc;
+    }
+  cp->upstream->refuse_as_capture_does();
+  return cudaErrorStreamCaptureUnsupported;
+}
+
 // A free by either API: a pool block goes back to its pool (with the free mode's wait), any other
 // pointer goes to the driver untouched.
-template <typename Code, typename RealFree>
-Code free_any(Path path, const char* api, std::uint64_t ptr, Code ok, Code invalid, RealFree&& real_free) {
+// `refuse_capture` refuses a pool block's free as the driver refuses a free a capture forbids
+// (and returns that API's code for it).
+template <typename Code, typename RealFree, typename RefuseCapture>
+Code free_any(Path path, const char* api, std::uint64_t ptr, Code ok, Code invalid, RealFree&& real_free,
+              RefuseCapture&& refuse_capture) {
   Event ev(EventKind::free, api, path);
   if (ContextPool* cp = pooled() ? pool_owning(ptr) : nullptr) {
+    if (capture_forbids_here()) {
+      const Code rc = refuse_capture(cp);
+      ev.done(rc, 0, ptr, cp);
+      return rc;
+    }
     std::size_t size = 0;
     const FreeResult fr = cp->pool->deallocate(ptr, &size, ev.pool_state());
     const Code rc = fr == FreeResult::freed ? ok : invalid;
@@ -405,7 +447,8 @@ cudaError_t cudaFree(Path path, void* devPtr) {
   if (!scope.outermost() || devPtr == nullptr) return real ? real(devPtr) : cudaErrorInitializationError;
   initialize();
   return free_any(path, "cudaFree", reinterpret_cast<std::uintptr_t>(devPtr), cudaSuccess, cudaErrorInvalidValue,
-                  [&] { return real ? real(devPtr) : cudaErrorInitializationError; });
+                  [&] { return real ? real(devPtr) : cudaErrorInitializationError; },
+                  [](ContextPool* cp) { return refuse_runtime_as_capture_does(cp); });
 }
 
 namespace {
@@ -442,7 +485,7 @@ CUresult cuMemAlloc_v2(Path path, CUdeviceptr* dptr, size_t bytesize) {
   Event ev(EventKind::alloc, "cuMemAlloc_v2", path);
   ContextPool* cp = bytesize ? driver_pool() : nullptr;
   CUresult rc;
-  if (cp == nullptr || !pooled()) {
+  if (cp == nullptr || !pooled() || capture_forbids_here()) {
     // No context (the driver reports that), size 0 (CUDA_ERROR_INVALID_VALUE) or passthrough.
     std::uint64_t key = 0;
     rc = external_allocate(cp, bytesize, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc_v2", &key, [&] {
@@ -472,7 +515,7 @@ CUresult cuMemAllocPitch_v2(Path path, CUdeviceptr* dptr, size_t* pitch, size_t 
   ContextPool* cp = driver_pool();
   const bool valid_element = elementSize == 4 || elementSize == 8 || elementSize == 16;
   CUresult rc;
-  if (cp == nullptr || !pooled() || width == 0 || height == 0 || !valid_element) {
+  if (cp == nullptr || !pooled() || width == 0 || height == 0 || !valid_element || capture_forbids_here()) {
     std::uint64_t key = 0;
     const std::uint64_t bytes = round_pitch(width) * height;
     rc = external_allocate(cp, bytes, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, "cuMemAllocPitch_v2", &key, [&] {
@@ -501,7 +544,8 @@ CUresult cuMemFree_v2(Path path, CUdeviceptr dptr) {
   if (!scope.outermost() || dptr == 0) return real ? real(dptr) : CUDA_ERROR_NOT_INITIALIZED;
   initialize();
   return free_any(path, "cuMemFree_v2", dptr, CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE,
-                  [&] { return real ? real(dptr) : CUDA_ERROR_NOT_INITIALIZED; });
+                  [&] { return real ? real(dptr) : CUDA_ERROR_NOT_INITIALIZED; },
+                  [](ContextPool* cp) { return cp->upstream->refuse_as_capture_does(); });
 }
 
 CUresult cuMemAllocManaged(Path path, CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
@@ -519,6 +563,123 @@ CUresult cuMemAllocManaged(Path path, CUdeviceptr* dptr, size_t bytesize, unsign
   });
   ev.done(rc, bytesize, rc == CUDA_SUCCESS ? key : 0, cp);
   return rc;
+}
+
+// ---- Driver: arrays. The runtime's cudaMallocArray, cudaMalloc3DArray and
+// cudaMallocMipmappedArray come here too (through the driver's entry points), so a refusal
+// reaches the program as the runtime's own cudaErrorMemoryAllocation, last error included.
+
+namespace {
+
+// The device memory an array takes, from its descriptor: element bytes x width x height x depth
+// (layers and cube faces are depth), summed over mip levels. The driver's own figure is not to
+// be had: cuArrayGetMemoryRequirements sizes only arrays made for deferred mapping (it refused
+// an ordinary 8192 x 8192 float array on the H200, whose free memory then dropped by exactly
+// 8192 x 8192 x 4 bytes).
+std::uint64_t format_bytes(CUarray_format f) {
+  switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8:
+    case CU_AD_FORMAT_SIGNED_INT8:
+      return 1;
+    case CU_AD_FORMAT_UNSIGNED_INT16:
+    case CU_AD_FORMAT_SIGNED_INT16:
+    case CU_AD_FORMAT_HALF:
+      return 2;
+    default:
+      return 4;  // 32-bit formats, and a conservative guess for packed and compressed ones
+  }
+}
+
+std::uint64_t array_bytes(std::size_t width, std::size_t height, std::size_t depth, CUarray_format format,
+                          unsigned channels, unsigned levels) {
+  const std::uint64_t element = format_bytes(format) * std::max(channels, 1u);
+  std::uint64_t total = 0;
+  for (unsigned l = 0; l < std::max(levels, 1u); ++l) {
+    const std::uint64_t w = std::max<std::uint64_t>(width >> l, 1);
+    const std::uint64_t h = height ? std::max<std::uint64_t>(height >> l, 1) : 1;
+    const std::uint64_t d = depth ? std::max<std::uint64_t>(depth >> l, 1) : 1;
+    total += element * w * h * d;
+  }
+  return total;
+}
+
+// Layered and cubemap arrays keep their depth (layers, faces) at every level.
+std::uint64_t array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned levels) {
+  if (d.Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) {
+    std::uint64_t per_layer = array_bytes(d.Width, d.Height, 0, d.Format, d.NumChannels, levels);
+    return per_layer * std::max<std::size_t>(d.Depth, 1);
+  }
+  return array_bytes(d.Width, d.Height, d.Depth, d.Format, d.NumChannels, levels);
+}
+
+template <typename Handle, typename Call>
+CUresult create_array(Path path, const char* api, Handle* handle, std::uint64_t bytes, Call&& call) {
+  HookScope scope;
+  if (!scope.outermost() || handle == nullptr) return call();
+  initialize();
+  Event ev(EventKind::alloc, api, path);
+  ContextPool* cp = driver_pool();
+  std::uint64_t key = 0;
+  const CUresult rc = external_allocate(cp, bytes, CUDA_SUCCESS, CUDA_ERROR_OUT_OF_MEMORY, api, &key, [&] {
+    const CUresult r = call();
+    key = reinterpret_cast<std::uintptr_t>(*handle);
+    return r;
+  });
+  ev.done(rc, bytes, rc == CUDA_SUCCESS ? key : 0, cp);
+  return rc;
+}
+
+template <typename Handle, typename Call>
+CUresult destroy_array(Path path, const char* api, Handle handle, Call&& call) {
+  HookScope scope;
+  if (!scope.outermost()) return call();
+  initialize();
+  Event ev(EventKind::free, api, path);
+  const CUresult rc = call();
+  std::uint64_t bytes = 0;
+  ContextPool* owner = nullptr;
+  const auto key = reinterpret_cast<std::uintptr_t>(handle);
+  if (rc == CUDA_SUCCESS) forget_external(key, &bytes, &owner);
+  ev.done(rc, bytes, key, owner);
+  return rc;
+}
+
+}  // namespace
+
+CUresult cuArrayCreate_v2(Path path, CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
+  auto real = CUPOOL_REAL(cuArrayCreate_v2);
+  const std::uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1) : 0;
+  return create_array(path, "cuArrayCreate_v2", handle, bytes,
+                      [&] { return real ? real(handle, desc) : CUDA_ERROR_NOT_INITIALIZED; });
+}
+
+CUresult cuArray3DCreate_v2(Path path, CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
+  auto real = CUPOOL_REAL(cuArray3DCreate_v2);
+  // An array made for deferred mapping has no memory of its own until the program maps some.
+  const bool deferred = desc && (desc->Flags & CUDA_ARRAY3D_DEFERRED_MAPPING);
+  const std::uint64_t bytes = desc && !deferred ? array3d_bytes(*desc, 1) : 0;
+  return create_array(path, "cuArray3DCreate_v2", handle, bytes,
+                      [&] { return real ? real(handle, desc) : CUDA_ERROR_NOT_INITIALIZED; });
+}
+
+CUresult cuMipmappedArrayCreate(Path path, CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
+                                unsigned int levels) {
+  auto real = CUPOOL_REAL(cuMipmappedArrayCreate);
+  const bool deferred = desc && (desc->Flags & CUDA_ARRAY3D_DEFERRED_MAPPING);
+  const std::uint64_t bytes = desc && !deferred ? array3d_bytes(*desc, levels) : 0;
+  return create_array(path, "cuMipmappedArrayCreate", handle, bytes,
+                      [&] { return real ? real(handle, desc, levels) : CUDA_ERROR_NOT_INITIALIZED; });
+}
+
+CUresult cuArrayDestroy(Path path, CUarray handle) {
+  auto real = CUPOOL_REAL(cuArrayDestroy);
+  return destroy_array(path, "cuArrayDestroy", handle, [&] { return real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED; });
+}
+
+CUresult cuMipmappedArrayDestroy(Path path, CUmipmappedArray handle) {
+  auto real = CUPOOL_REAL(cuMipmappedArrayDestroy);
+  return destroy_array(path, "cuMipmappedArrayDestroy", handle,
+                       [&] { return real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED; });
 }
 
 CUresult cuMemGetInfo_v2(Path path, size_t* free, size_t* total) {

@@ -1,6 +1,6 @@
-// Hooks that keep pools honest about the world around them: stream creation (deferred frees
-// must fence every non-blocking stream), context lifetime (a pool dies with its context), and
-// pointer queries (a block carved from a chunk must look like an allocation of its own).
+// Hooks that keep pools honest about the world around them: context lifetime (a pool dies with
+// its context) and pointer queries (a block carved from a chunk must look like an allocation of
+// its own). Streams and captures: hooks_streams.cpp.
 #include <dlfcn.h>
 #include <fmt/format.h>
 
@@ -26,125 +26,7 @@ CUcontext current_context() {
   if (driver().ok) driver().ctx_get_current(&ctx);
   return ctx;
 }
-
-// A stream the process created: registered (deferred frees must know which streams can run at
-// the same time) and, for the outermost call, one trace event. `caller` names the object that
-// asked, in the debug log: libraries create streams of their own, and they change what
-// deferred frees cost.
-void stream_created(Path path, const char* api, bool outermost, CUstream stream, unsigned flags, std::uint64_t t0,
-                    const void* caller) {
-  const CUcontext ctx = current_context();
-  // Memory freed while all work was one order was reusable at once, and some of it waits in the
-  // pools (free lists, thread caches, kept VMM mappings) with work still running on it. From
-  // now on the new stream can run beside that work: wait for it once, here, so that nothing
-  // freed before this point is handed to the new stream early.
-  if (streams().created(ctx, stream, flags)) synchronize_all_pools();
-  if (!outermost) return;
-  if (log_debug_enabled()) {
-    Dl_info info{};
-    const char* who = dladdr(caller, &info) && info.dli_fname ? info.dli_fname : "?";
-    log_debug(std::string(api) + ": stream " + std::to_string(reinterpret_cast<std::uintptr_t>(stream)) +
-              ((flags & CU_STREAM_NON_BLOCKING) ? " (non-blocking)" : " (blocking)") + " created by " + who);
-  }
-  if (!tracing()) return;
-  trace::Record r;
-  r.t_ns = now_ns();
-  r.dur_ns = r.t_ns - t0;
-  r.kind = trace::EventKind::stream_create;
-  r.api = api;
-  r.path = path;
-  r.has_stream = true;
-  r.stream = reinterpret_cast<std::uintptr_t>(stream);
-  r.has_flags = true;
-  r.flags = flags;
-  r.tid = current_thread_id();
-  CUdevice device = 0;
-  if (ctx != nullptr && driver().ok && driver().ctx_get_device(&device) == CUDA_SUCCESS)
-    r.device = static_cast<std::int16_t>(device);
-  emit(r);
-}
-
-void stream_destroyed(Path path, const char* api, bool outermost, CUstream stream) {
-  streams().destroyed(stream);
-  if (!outermost || !tracing()) return;
-  trace::Record r;
-  r.t_ns = now_ns();
-  r.kind = trace::EventKind::stream_destroy;
-  r.api = api;
-  r.path = path;
-  r.has_stream = true;
-  r.stream = reinterpret_cast<std::uintptr_t>(stream);
-  r.tid = current_thread_id();
-  emit(r);
-}
-
-unsigned runtime_stream_flags(unsigned flags) { return (flags & cudaStreamNonBlocking) ? CU_STREAM_NON_BLOCKING : 0; }
 }  // namespace
-
-// ---- Streams ----------------------------------------------------------------------------
-
-// The stream-creating hooks of both APIs: the real call, then, if it made a stream, its record.
-template <typename Code, typename Handle, typename Call>
-Code create_stream(Path path, const char* api, Code ok, Handle* stream, unsigned flags, Call&& call,
-                   const void* caller) {
-  HookScope scope;
-  initialize();
-  const std::uint64_t t0 = now_ns();
-  const Code rc = call();
-  if (rc == ok)
-    stream_created(path, api, scope.outermost(), reinterpret_cast<CUstream>(*stream), flags, t0, caller);
-  return rc;
-}
-
-cudaError_t cudaStreamCreate(Path path, cudaStream_t* stream) {
-  auto real = CUPOOL_REAL(cudaStreamCreate);
-  return create_stream(path, "cudaStreamCreate", cudaSuccess, stream, 0,
-                       [&] { return real ? real(stream) : cudaErrorInitializationError; },
-                       __builtin_return_address(0));
-}
-
-cudaError_t cudaStreamCreateWithFlags(Path path, cudaStream_t* stream, unsigned int flags) {
-  auto real = CUPOOL_REAL(cudaStreamCreateWithFlags);
-  return create_stream(path, "cudaStreamCreateWithFlags", cudaSuccess, stream, runtime_stream_flags(flags),
-                       [&] { return real ? real(stream, flags) : cudaErrorInitializationError; },
-                       __builtin_return_address(0));
-}
-
-cudaError_t cudaStreamCreateWithPriority(Path path, cudaStream_t* stream, unsigned int flags, int priority) {
-  auto real = CUPOOL_REAL(cudaStreamCreateWithPriority);
-  return create_stream(path, "cudaStreamCreateWithPriority", cudaSuccess, stream, runtime_stream_flags(flags),
-                       [&] { return real ? real(stream, flags, priority) : cudaErrorInitializationError; },
-                       __builtin_return_address(0));
-}
-
-cudaError_t cudaStreamDestroy(Path path, cudaStream_t stream) {
-  HookScope scope;
-  auto real = CUPOOL_REAL(cudaStreamDestroy);
-  stream_destroyed(path, "cudaStreamDestroy", scope.outermost(), reinterpret_cast<CUstream>(stream));
-  return real ? real(stream) : cudaErrorInitializationError;
-}
-
-// Streams the runtime creates for its own purposes are seen here too: they count.
-CUresult cuStreamCreate(Path path, CUstream* stream, unsigned int flags) {
-  auto real = CUPOOL_REAL(cuStreamCreate);
-  return create_stream(path, "cuStreamCreate", CUDA_SUCCESS, stream, flags,
-                       [&] { return real ? real(stream, flags) : CUDA_ERROR_NOT_INITIALIZED; },
-                       __builtin_return_address(0));
-}
-
-CUresult cuStreamCreateWithPriority(Path path, CUstream* stream, unsigned int flags, int priority) {
-  auto real = CUPOOL_REAL(cuStreamCreateWithPriority);
-  return create_stream(path, "cuStreamCreateWithPriority", CUDA_SUCCESS, stream, flags,
-                       [&] { return real ? real(stream, flags, priority) : CUDA_ERROR_NOT_INITIALIZED; },
-                       __builtin_return_address(0));
-}
-
-CUresult cuStreamDestroy_v2(Path path, CUstream stream) {
-  HookScope scope;
-  auto real = CUPOOL_REAL(cuStreamDestroy_v2);
-  stream_destroyed(path, "cuStreamDestroy_v2", scope.outermost(), stream);
-  return real ? real(stream) : CUDA_ERROR_NOT_INITIALIZED;
-}
 
 // ---- Context lifetime -------------------------------------------------------------------
 

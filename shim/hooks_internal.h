@@ -2,7 +2,10 @@
 // the path the call came by first; the exported symbol and the per-path thunks call it.
 #pragma once
 
+#include <type_traits>
+
 #include "cuda_api.h"
+#include "hook_table.h"
 #include "trace_schema.h"
 
 namespace cupool::shim {
@@ -14,10 +17,54 @@ struct WithPath<R(A...)> {
   using type = R(trace::Path, A...);
 };
 
+// Work hooks (CUPOOL_WORK_HOOK): the first work a thread puts on its per-thread default stream
+// is noted (hooks_streams.cpp); then the real function, whatever it was.
+void note_per_thread_stream_work();
+
+template <typename T>
+void pick_stream(T arg, CUstream* stream, bool* has) {
+  if (*has) return;
+  if constexpr (std::is_same_v<T, CUstream>) {
+    *stream = arg;
+    *has = true;
+  } else if constexpr (std::is_same_v<T, const CUlaunchConfig*>) {
+    if (arg) {
+      *stream = arg->hStream;
+      *has = true;
+    }
+  }
+}
+
+// Does a call of this flavour with these arguments put work on the calling thread's per-thread
+// default stream? The legacy flavour only when given CU_STREAM_PER_THREAD; the per-thread flavour
+// (_ptsz, _ptds) also for stream 0, and always when it takes no stream (synchronous copies).
+template <StreamFlavour F, typename... A>
+bool on_per_thread_stream(A... args) {
+  CUstream stream = nullptr;
+  bool has = false;
+  (pick_stream(args, &stream, &has), ...);
+  if (stream == CU_STREAM_PER_THREAD) return true;
+  if constexpr (F == StreamFlavour::PER_THREAD) return !has || stream == nullptr;
+  return false;
+}
+
+template <HookId Id, StreamFlavour F, typename Sig>
+struct WorkHook;
+template <HookId Id, StreamFlavour F, typename... A>
+struct WorkHook<Id, F, CUresult(A...)> {
+  static CUresult call(trace::Path, A... args) {
+    if (on_per_thread_stream<F>(args...)) note_per_thread_stream_work();
+    auto real = reinterpret_cast<CUresult (*)(A...)>(real_function(Id));
+    return real ? real(args...) : CUDA_ERROR_NOT_INITIALIZED;
+  }
+};
+
 namespace impl {
 #define CUPOOL_RUNTIME_HOOK(symbol) WithPath<decltype(::symbol)>::type symbol;
 #define CUPOOL_DRIVER_HOOK(symbol, base, min_version, max_version, stream) \
   WithPath<decltype(::symbol)>::type symbol;
+#define CUPOOL_WORK_HOOK(symbol, base, min_version, max_version, stream) \
+  inline constexpr auto symbol = &WorkHook<HookId::symbol, StreamFlavour::stream, decltype(::symbol)>::call;
 #include "hooks.def"
 }  // namespace impl
 

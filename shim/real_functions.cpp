@@ -21,11 +21,20 @@ std::atomic<void*> g_real[kHookCount];
    reinterpret_cast<void*>(&PathThunk<&impl::symbol, trace::Path::proc_address>::call),       \
    reinterpret_cast<void*>(&PathThunk<&impl::symbol, trace::Path::entry_point>::call)}
 
+// A work hook's implementation is a generated function (impl::symbol is a pointer to it).
+#define CUPOOL_WORK_WRAPPERS(symbol)                                                           \
+  {nullptr, reinterpret_cast<void*>(&::symbol),                                               \
+   reinterpret_cast<void*>(&PathThunk<impl::symbol, trace::Path::dlsym>::call),               \
+   reinterpret_cast<void*>(&PathThunk<impl::symbol, trace::Path::proc_address>::call),        \
+   reinterpret_cast<void*>(&PathThunk<impl::symbol, trace::Path::entry_point>::call)}
+
 const HookEntry kHooks[kHookCount] = {
 #define CUPOOL_RUNTIME_HOOK(symbol) \
   {#symbol, #symbol, 0, 0, StreamFlavour::ANY, HookKind::runtime, CUPOOL_WRAPPERS(symbol)},
 #define CUPOOL_DRIVER_HOOK(symbol, base, min_version, max_version, stream) \
   {#symbol, #base, min_version, max_version, StreamFlavour::stream, HookKind::driver, CUPOOL_WRAPPERS(symbol)},
+#define CUPOOL_WORK_HOOK(symbol, base, min_version, max_version, stream) \
+  {#symbol, #base, min_version, max_version, StreamFlavour::stream, HookKind::driver, CUPOOL_WORK_WRAPPERS(symbol)},
 #define CUPOOL_LOADER_HOOK(symbol) \
   {#symbol, #symbol, 0, 0, StreamFlavour::ANY, HookKind::loader, {nullptr, reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol)}},
 #include "hooks.def"
@@ -59,15 +68,40 @@ const HookEntry* find_hook_by_symbol(const char* symbol) {
   return nullptr;
 }
 
+namespace {
+// More names under which cuGetProcAddress hands out a driver hook (CUPOOL_DRIVER_ALIAS).
+struct Alias {
+  HookId id;
+  const char* base_name;
+  int min_version, max_version;
+  StreamFlavour stream;
+};
+const Alias kAliases[] = {
+#define CUPOOL_DRIVER_ALIAS(symbol, base, min_version, max_version, stream) \
+  {HookId::symbol, #base, min_version, max_version, StreamFlavour::stream},
+#include "hooks.def"
+};
+
+bool answers(const char* base_name, int version, bool per_thread, const char* name, int min_version, int max_version,
+             StreamFlavour stream) {
+  if (std::strcmp(name, base_name) != 0) return false;
+  if (version < min_version || (max_version != 0 && version >= max_version)) return false;
+  if (stream == StreamFlavour::PER_THREAD && !per_thread) return false;
+  if (stream == StreamFlavour::LEGACY && per_thread) return false;
+  return true;
+}
+
+}  // namespace
+
 const HookEntry* find_proc_hook(const char* base_name, int version, unsigned long long flags) {
   const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-  for (const HookEntry& e : kHooks) {
-    if (e.kind != HookKind::driver || std::strcmp(e.base_name, base_name) != 0) continue;
-    if (version < e.min_version || (e.max_version != 0 && version >= e.max_version)) continue;
-    if (e.stream == StreamFlavour::PER_THREAD && !per_thread) continue;
-    if (e.stream == StreamFlavour::LEGACY && per_thread) continue;
-    return &e;
-  }
+  for (const HookEntry& e : kHooks)
+    if (e.kind == HookKind::driver &&
+        answers(base_name, version, per_thread, e.base_name, e.min_version, e.max_version, e.stream))
+      return &e;
+  for (const Alias& a : kAliases)
+    if (answers(base_name, version, per_thread, a.base_name, a.min_version, a.max_version, a.stream))
+      return &hook(a.id);
   return nullptr;
 }
 
@@ -113,6 +147,13 @@ void* driver_function(const char* symbol) {
   DlsymFn dl = real_dlsym();
   if (void* fn = dl(RTLD_NEXT, symbol)) return fn;
   void* h = library_handle(kDriverSonames, true);
+  return h ? dl(h, symbol) : nullptr;
+}
+
+void* runtime_function(const char* symbol) {
+  DlsymFn dl = real_dlsym();
+  if (void* fn = dl(RTLD_NEXT, symbol)) return fn;
+  void* h = library_handle(kRuntimeSonames, false);
   return h ? dl(h, symbol) : nullptr;
 }
 

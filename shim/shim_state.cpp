@@ -19,6 +19,7 @@
 #include "hook_table.h"
 #include "log.h"
 #include "options.h"
+#include "streams.h"
 #include "trace_writer.h"
 
 extern char** environ;
@@ -63,16 +64,22 @@ void at_exit() {
 void fork_prepare() {
   g_pools_mutex.lock();
   g_external_mutex.lock();
+  streams().prepare_fork();
+  captures().prepare_fork();
   if (TraceWriter* w = g_writer.load()) w->prepare_fork();
 }
 void fork_parent() {
   if (TraceWriter* w = g_writer.load()) w->parent_after_fork();
+  captures().parent_after_fork();
+  streams().parent_after_fork();
   g_external_mutex.unlock();
   g_pools_mutex.unlock();
 }
 void fork_child() {
   EventClock::after_fork_in_child();
   if (TraceWriter* w = g_writer.load()) w->child_after_fork();
+  captures().child_after_fork();
+  streams().child_after_fork();
   // CUDA contexts do not survive fork: the child starts with no pools and no driver memory.
   DevicePool::after_fork_in_child();
   for (int i = 0; i < g_slot_count.load(); ++i) {
@@ -203,6 +210,8 @@ ContextPool* create_pool(CUcontext ctx, CUresult* rc) {
 }
 
 }  // namespace
+
+ContextPool* existing_pool(CUcontext ctx) { return ctx ? find_slot(ctx) : nullptr; }
 
 ContextPool* current_pool(CUresult* rc) {
   const DriverCalls& d = driver();

@@ -52,6 +52,8 @@ struct ContextPool {
 
 // The pool of the context current on this thread; nullptr with *rc set when there is none.
 ContextPool* current_pool(CUresult* rc);
+// The pool of `ctx` if one exists (none is made).
+ContextPool* existing_pool(CUcontext ctx);
 // The pool that handed out `ptr`, searching every live context.
 ContextPool* pool_owning(std::uint64_t ptr);
 // A context went away: its pool forgets its memory without touching the driver.
