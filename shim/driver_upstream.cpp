@@ -26,6 +26,7 @@ const DriverCalls& driver() {
            get(c.event_query, "cuEventQuery") & get(c.event_synchronize, "cuEventSynchronize") &
            get(c.event_destroy, "cuEventDestroy_v2");
     get(c.thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode");
+    get(c.stream_is_capturing, "cuStreamIsCapturing");
     get(c.device_get_graph_mem_attribute, "cuDeviceGetGraphMemAttribute");
     get(c.array_get_descriptor, "cuArrayGetDescriptor_v2");
     get(c.array3d_get_descriptor, "cuArray3DGetDescriptor_v2");

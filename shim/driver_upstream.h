@@ -34,6 +34,7 @@ struct DriverCalls {
   bool ok = false;  // every function above was found
   // Optional (nullptr where the driver lacks them).
   decltype(&::cuThreadExchangeStreamCaptureMode) thread_exchange_capture_mode = nullptr;
+  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
   decltype(&::cuDeviceGetGraphMemAttribute) device_get_graph_mem_attribute = nullptr;
   decltype(&::cuArrayGetDescriptor_v2) array_get_descriptor = nullptr;
   decltype(&::cuArray3DGetDescriptor_v2) array3d_get_descriptor = nullptr;

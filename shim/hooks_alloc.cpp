@@ -345,11 +345,23 @@ cudaError_t cudaMallocManaged(Path path, void** devPtr, size_t size, unsigned in
 }
 
 namespace {
+// A stream-ordered allocation or free on a stream that is being captured is a node of the graph,
+// not memory now: the driver reserves that memory when the graph is instantiated or run, and
+// cupool charges it then (graph memory, hooks_graphs.cpp). Such calls go to the driver untouched,
+// with no event. `per_thread`: the call is the per-thread flavour (stream 0 is the thread's own).
+bool graph_node(const void* stream, bool per_thread) {
+  if (!captures().any()) return false;
+  CUstream s = static_cast<CUstream>(const_cast<void*>(stream));
+  if (s == nullptr && per_thread) s = CU_STREAM_PER_THREAD;
+  return captures().captures_work_on(s);
+}
+
 template <typename Real>
 cudaError_t runtime_malloc_async(Path path, const char* api, Real real, void** devPtr, size_t size,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, bool per_thread) {
   HookScope scope;
-  if (!scope.outermost() || devPtr == nullptr) return real ? real(devPtr, size, stream) : cudaErrorInitializationError;
+  if (!scope.outermost() || devPtr == nullptr || graph_node(stream, per_thread))
+    return real ? real(devPtr, size, stream) : cudaErrorInitializationError;
   initialize();
   Event ev(EventKind::alloc, api, path);
   ev.stream(stream);
@@ -367,9 +379,11 @@ cudaError_t runtime_malloc_async(Path path, const char* api, Real real, void** d
 }
 
 template <typename Real>
-cudaError_t runtime_free_async(Path path, const char* api, Real real, void* devPtr, cudaStream_t stream) {
+cudaError_t runtime_free_async(Path path, const char* api, Real real, void* devPtr, cudaStream_t stream,
+                               bool per_thread) {
   HookScope scope;
-  if (!scope.outermost() || devPtr == nullptr) return real ? real(devPtr, stream) : cudaErrorInitializationError;
+  if (!scope.outermost() || devPtr == nullptr || graph_node(stream, per_thread))
+    return real ? real(devPtr, stream) : cudaErrorInitializationError;
   initialize();
   Event ev(EventKind::free, api, path);
   ev.stream(stream);
@@ -383,16 +397,17 @@ cudaError_t runtime_free_async(Path path, const char* api, Real real, void* devP
 }  // namespace
 
 cudaError_t cudaMallocAsync(Path path, void** devPtr, size_t size, cudaStream_t stream) {
-  return runtime_malloc_async(path, "cudaMallocAsync", CUPOOL_REAL(cudaMallocAsync), devPtr, size, stream);
+  return runtime_malloc_async(path, "cudaMallocAsync", CUPOOL_REAL(cudaMallocAsync), devPtr, size, stream, false);
 }
 cudaError_t cudaMallocAsync_ptsz(Path path, void** devPtr, size_t size, cudaStream_t stream) {
-  return runtime_malloc_async(path, "cudaMallocAsync_ptsz", CUPOOL_REAL(cudaMallocAsync_ptsz), devPtr, size, stream);
+  return runtime_malloc_async(path, "cudaMallocAsync_ptsz", CUPOOL_REAL(cudaMallocAsync_ptsz), devPtr, size, stream,
+                              true);
 }
 cudaError_t cudaFreeAsync(Path path, void* devPtr, cudaStream_t stream) {
-  return runtime_free_async(path, "cudaFreeAsync", CUPOOL_REAL(cudaFreeAsync), devPtr, stream);
+  return runtime_free_async(path, "cudaFreeAsync", CUPOOL_REAL(cudaFreeAsync), devPtr, stream, false);
 }
 cudaError_t cudaFreeAsync_ptsz(Path path, void* devPtr, cudaStream_t stream) {
-  return runtime_free_async(path, "cudaFreeAsync_ptsz", CUPOOL_REAL(cudaFreeAsync_ptsz), devPtr, stream);
+  return runtime_free_async(path, "cudaFreeAsync_ptsz", CUPOOL_REAL(cudaFreeAsync_ptsz), devPtr, stream, true);
 }
 
 namespace {
@@ -673,7 +688,8 @@ CUresult cuMipmappedArrayCreate(Path path, CUmipmappedArray* handle, const CUDA_
 
 CUresult cuArrayDestroy(Path path, CUarray handle) {
   auto real = CUPOOL_REAL(cuArrayDestroy);
-  return destroy_array(path, "cuArrayDestroy", handle, [&] { return real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED; });
+  return destroy_array(path, "cuArrayDestroy", handle,
+                       [&] { return real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED; });
 }
 
 CUresult cuMipmappedArrayDestroy(Path path, CUmipmappedArray handle) {
@@ -697,15 +713,15 @@ CUresult cuMemGetInfo_v2(Path path, size_t* free, size_t* total) {
 
 namespace {
 template <typename Real, typename... Extra>
-CUresult driver_alloc_async(Path path, const char* api, Real real, CUdeviceptr* dptr, size_t bytesize,
-                            CUstream stream, Extra... extra) {
+CUresult driver_alloc_async(Path path, const char* api, bool per_thread, Real real, CUdeviceptr* dptr,
+                            size_t bytesize, CUstream stream, Extra... extra) {
   HookScope scope;
   auto call = [&] {
     if (!real) return CUDA_ERROR_NOT_INITIALIZED;
     if constexpr (sizeof...(Extra) == 0) return real(dptr, bytesize, stream);
     else return real(dptr, bytesize, extra..., stream);
   };
-  if (!scope.outermost() || dptr == nullptr) return call();
+  if (!scope.outermost() || dptr == nullptr || graph_node(stream, per_thread)) return call();
   initialize();
   Event ev(EventKind::alloc, api, path);
   ev.stream(stream);
@@ -721,9 +737,11 @@ CUresult driver_alloc_async(Path path, const char* api, Real real, CUdeviceptr* 
 }
 
 template <typename Real>
-CUresult driver_free_async(Path path, const char* api, Real real, CUdeviceptr dptr, CUstream stream) {
+CUresult driver_free_async(Path path, const char* api, bool per_thread, Real real, CUdeviceptr dptr,
+                           CUstream stream) {
   HookScope scope;
-  if (!scope.outermost()) return real ? real(dptr, stream) : CUDA_ERROR_NOT_INITIALIZED;
+  if (!scope.outermost() || graph_node(stream, per_thread))
+    return real ? real(dptr, stream) : CUDA_ERROR_NOT_INITIALIZED;
   initialize();
   Event ev(EventKind::free, api, path);
   ev.stream(stream);
@@ -737,25 +755,26 @@ CUresult driver_free_async(Path path, const char* api, Real real, CUdeviceptr dp
 }  // namespace
 
 CUresult cuMemAllocAsync(Path path, CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return driver_alloc_async(path, "cuMemAllocAsync", CUPOOL_REAL(cuMemAllocAsync), dptr, bytesize, stream);
+  return driver_alloc_async(path, "cuMemAllocAsync", false, CUPOOL_REAL(cuMemAllocAsync), dptr, bytesize, stream);
 }
 CUresult cuMemAllocAsync_ptsz(Path path, CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return driver_alloc_async(path, "cuMemAllocAsync_ptsz", CUPOOL_REAL(cuMemAllocAsync_ptsz), dptr, bytesize, stream);
+  return driver_alloc_async(path, "cuMemAllocAsync_ptsz", true, CUPOOL_REAL(cuMemAllocAsync_ptsz), dptr, bytesize,
+                            stream);
 }
 CUresult cuMemAllocFromPoolAsync(Path path, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
-  return driver_alloc_async(path, "cuMemAllocFromPoolAsync", CUPOOL_REAL(cuMemAllocFromPoolAsync), dptr, bytesize,
-                            stream, pool);
+  return driver_alloc_async(path, "cuMemAllocFromPoolAsync", false, CUPOOL_REAL(cuMemAllocFromPoolAsync), dptr,
+                            bytesize, stream, pool);
 }
 CUresult cuMemAllocFromPoolAsync_ptsz(Path path, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream stream) {
-  return driver_alloc_async(path, "cuMemAllocFromPoolAsync_ptsz", CUPOOL_REAL(cuMemAllocFromPoolAsync_ptsz), dptr,
+  return driver_alloc_async(path, "cuMemAllocFromPoolAsync_ptsz", true, CUPOOL_REAL(cuMemAllocFromPoolAsync_ptsz), dptr,
                             bytesize, stream, pool);
 }
 CUresult cuMemFreeAsync(Path path, CUdeviceptr dptr, CUstream stream) {
-  return driver_free_async(path, "cuMemFreeAsync", CUPOOL_REAL(cuMemFreeAsync), dptr, stream);
+  return driver_free_async(path, "cuMemFreeAsync", false, CUPOOL_REAL(cuMemFreeAsync), dptr, stream);
 }
 CUresult cuMemFreeAsync_ptsz(Path path, CUdeviceptr dptr, CUstream stream) {
-  return driver_free_async(path, "cuMemFreeAsync_ptsz", CUPOOL_REAL(cuMemFreeAsync_ptsz), dptr, stream);
+  return driver_free_async(path, "cuMemFreeAsync_ptsz", true, CUPOOL_REAL(cuMemFreeAsync_ptsz), dptr, stream);
 }
 
 // ---- Driver: virtual memory. Physical memory (cuMemCreate) counts against the cap. -----------

@@ -83,20 +83,27 @@ CUPOOL_EXPORT(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice d), d)
 // Driver: arrays, stream capture, graph memory.
 CUPOOL_EXPORT(CUresult, cuArrayCreate_v2, (CUarray* a0, const CUDA_ARRAY_DESCRIPTOR* a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuArray3DCreate_v2, (CUarray* a0, const CUDA_ARRAY3D_DESCRIPTOR* a1), a0, a1)
-CUPOOL_EXPORT(CUresult, cuMipmappedArrayCreate, (CUmipmappedArray* a0, const CUDA_ARRAY3D_DESCRIPTOR* a1, unsigned int a2), a0, a1, a2)
+CUPOOL_EXPORT(CUresult, cuMipmappedArrayCreate,
+              (CUmipmappedArray* a0, const CUDA_ARRAY3D_DESCRIPTOR* a1, unsigned int a2), a0, a1, a2)
 CUPOOL_EXPORT(CUresult, cuArrayDestroy, (CUarray a0), a0)
 CUPOOL_EXPORT(CUresult, cuMipmappedArrayDestroy, (CUmipmappedArray a0), a0)
 CUPOOL_EXPORT(CUresult, cuStreamBeginCapture, (CUstream a0), a0)
 CUPOOL_EXPORT(CUresult, cuStreamBeginCapture_ptsz, (CUstream a0), a0)
 CUPOOL_EXPORT(CUresult, cuStreamBeginCapture_v2, (CUstream a0, CUstreamCaptureMode a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuStreamBeginCapture_v2_ptsz, (CUstream a0, CUstreamCaptureMode a1), a0, a1)
-CUPOOL_EXPORT(CUresult, cuStreamBeginCaptureToGraph, (CUstream a0, CUgraph a1, const CUgraphNode* a2, const CUgraphEdgeData* a3, size_t a4, CUstreamCaptureMode a5), a0, a1, a2, a3, a4, a5)
-CUPOOL_EXPORT(CUresult, cuStreamBeginCaptureToGraph_ptsz, (CUstream a0, CUgraph a1, const CUgraphNode* a2, const CUgraphEdgeData* a3, size_t a4, CUstreamCaptureMode a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuStreamBeginCaptureToGraph,
+              (CUstream a0, CUgraph a1, const CUgraphNode* a2, const CUgraphEdgeData* a3, size_t a4,
+               CUstreamCaptureMode a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuStreamBeginCaptureToGraph_ptsz,
+              (CUstream a0, CUgraph a1, const CUgraphNode* a2, const CUgraphEdgeData* a3, size_t a4,
+               CUstreamCaptureMode a5), a0, a1, a2, a3, a4, a5)
 CUPOOL_EXPORT(CUresult, cuStreamEndCapture, (CUstream a0, CUgraph* a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuStreamEndCapture_ptsz, (CUstream a0, CUgraph* a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuGraphInstantiateWithFlags, (CUgraphExec* a0, CUgraph a1, unsigned long long a2), a0, a1, a2)
-CUPOOL_EXPORT(CUresult, cuGraphInstantiateWithParams, (CUgraphExec* a0, CUgraph a1, CUDA_GRAPH_INSTANTIATE_PARAMS* a2), a0, a1, a2)
-CUPOOL_EXPORT(CUresult, cuGraphInstantiateWithParams_ptsz, (CUgraphExec* a0, CUgraph a1, CUDA_GRAPH_INSTANTIATE_PARAMS* a2), a0, a1, a2)
+CUPOOL_EXPORT(CUresult, cuGraphInstantiateWithParams,
+              (CUgraphExec* a0, CUgraph a1, CUDA_GRAPH_INSTANTIATE_PARAMS* a2), a0, a1, a2)
+CUPOOL_EXPORT(CUresult, cuGraphInstantiateWithParams_ptsz,
+              (CUgraphExec* a0, CUgraph a1, CUDA_GRAPH_INSTANTIATE_PARAMS* a2), a0, a1, a2)
 CUPOOL_EXPORT(CUresult, cuGraphLaunch, (CUgraphExec a0, CUstream a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuGraphLaunch_ptsz, (CUgraphExec a0, CUstream a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuGraphUpload, (CUgraphExec a0, CUstream a1), a0, a1)
@@ -104,40 +111,67 @@ CUPOOL_EXPORT(CUresult, cuGraphUpload_ptsz, (CUgraphExec a0, CUstream a1), a0, a
 CUPOOL_EXPORT(CUresult, cuGraphExecDestroy, (CUgraphExec a0), a0)
 CUPOOL_EXPORT(CUresult, cuDeviceGraphMemTrim, (CUdevice a0), a0)
 // Driver: work on streams (generated wrappers that note per-thread default streams).
-CUPOOL_EXPORT(CUresult, cuLaunchKernel, (CUfunction a0, unsigned int a1, unsigned int a2, unsigned int a3, unsigned int a4, unsigned int a5, unsigned int a6, unsigned int a7, CUstream a8, void **a9, void **a10), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10)
-CUPOOL_EXPORT(CUresult, cuLaunchKernel_ptsz, (CUfunction a0, unsigned int a1, unsigned int a2, unsigned int a3, unsigned int a4, unsigned int a5, unsigned int a6, unsigned int a7, CUstream a8, void **a9, void **a10), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10)
-CUPOOL_EXPORT(CUresult, cuLaunchKernelEx, (const CUlaunchConfig* a0, CUfunction a1, void **a2, void **a3), a0, a1, a2, a3)
-CUPOOL_EXPORT(CUresult, cuLaunchKernelEx_ptsz, (const CUlaunchConfig* a0, CUfunction a1, void **a2, void **a3), a0, a1, a2, a3)
-CUPOOL_EXPORT(CUresult, cuLaunchCooperativeKernel, (CUfunction a0, unsigned int a1, unsigned int a2, unsigned int a3, unsigned int a4, unsigned int a5, unsigned int a6, unsigned int a7, CUstream a8, void **a9), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
-CUPOOL_EXPORT(CUresult, cuLaunchCooperativeKernel_ptsz, (CUfunction a0, unsigned int a1, unsigned int a2, unsigned int a3, unsigned int a4, unsigned int a5, unsigned int a6, unsigned int a7, CUstream a8, void **a9), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
+CUPOOL_EXPORT(CUresult, cuLaunchKernel,
+              (CUfunction a0, unsigned int a1, unsigned int a2, unsigned int a3, unsigned int a4, unsigned int a5,
+               unsigned int a6, unsigned int a7, CUstream a8, void **a9, void **a10),
+              a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10)
+CUPOOL_EXPORT(CUresult, cuLaunchKernel_ptsz,
+              (CUfunction a0, unsigned int a1, unsigned int a2, unsigned int a3, unsigned int a4, unsigned int a5,
+               unsigned int a6, unsigned int a7, CUstream a8, void **a9, void **a10),
+              a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10)
+CUPOOL_EXPORT(CUresult, cuLaunchKernelEx,
+              (const CUlaunchConfig* a0, CUfunction a1, void **a2, void **a3), a0, a1, a2, a3)
+CUPOOL_EXPORT(CUresult, cuLaunchKernelEx_ptsz,
+              (const CUlaunchConfig* a0, CUfunction a1, void **a2, void **a3), a0, a1, a2, a3)
+CUPOOL_EXPORT(CUresult, cuLaunchCooperativeKernel,
+              (CUfunction a0, unsigned int a1, unsigned int a2, unsigned int a3, unsigned int a4, unsigned int a5,
+               unsigned int a6, unsigned int a7, CUstream a8, void **a9), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
+CUPOOL_EXPORT(CUresult, cuLaunchCooperativeKernel_ptsz,
+              (CUfunction a0, unsigned int a1, unsigned int a2, unsigned int a3, unsigned int a4, unsigned int a5,
+               unsigned int a6, unsigned int a7, CUstream a8, void **a9), a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
 CUPOOL_EXPORT(CUresult, cuLaunchHostFunc, (CUstream a0, CUhostFn a1, void* a2), a0, a1, a2)
 CUPOOL_EXPORT(CUresult, cuLaunchHostFunc_ptsz, (CUstream a0, CUhostFn a1, void* a2), a0, a1, a2)
 CUPOOL_EXPORT(CUresult, cuMemcpyAsync, (CUdeviceptr a0, CUdeviceptr a1, size_t a2, CUstream a3), a0, a1, a2, a3)
 CUPOOL_EXPORT(CUresult, cuMemcpyAsync_ptsz, (CUdeviceptr a0, CUdeviceptr a1, size_t a2, CUstream a3), a0, a1, a2, a3)
 CUPOOL_EXPORT(CUresult, cuMemcpyHtoDAsync_v2, (CUdeviceptr a0, const void* a1, size_t a2, CUstream a3), a0, a1, a2, a3)
-CUPOOL_EXPORT(CUresult, cuMemcpyHtoDAsync_v2_ptsz, (CUdeviceptr a0, const void* a1, size_t a2, CUstream a3), a0, a1, a2, a3)
+CUPOOL_EXPORT(CUresult, cuMemcpyHtoDAsync_v2_ptsz,
+              (CUdeviceptr a0, const void* a1, size_t a2, CUstream a3), a0, a1, a2, a3)
 CUPOOL_EXPORT(CUresult, cuMemcpyDtoHAsync_v2, (void* a0, CUdeviceptr a1, size_t a2, CUstream a3), a0, a1, a2, a3)
 CUPOOL_EXPORT(CUresult, cuMemcpyDtoHAsync_v2_ptsz, (void* a0, CUdeviceptr a1, size_t a2, CUstream a3), a0, a1, a2, a3)
 CUPOOL_EXPORT(CUresult, cuMemcpyDtoDAsync_v2, (CUdeviceptr a0, CUdeviceptr a1, size_t a2, CUstream a3), a0, a1, a2, a3)
-CUPOOL_EXPORT(CUresult, cuMemcpyDtoDAsync_v2_ptsz, (CUdeviceptr a0, CUdeviceptr a1, size_t a2, CUstream a3), a0, a1, a2, a3)
+CUPOOL_EXPORT(CUresult, cuMemcpyDtoDAsync_v2_ptsz,
+              (CUdeviceptr a0, CUdeviceptr a1, size_t a2, CUstream a3), a0, a1, a2, a3)
 CUPOOL_EXPORT(CUresult, cuMemcpy2DAsync_v2, (const CUDA_MEMCPY2D* a0, CUstream a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuMemcpy2DAsync_v2_ptsz, (const CUDA_MEMCPY2D* a0, CUstream a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuMemcpy3DAsync_v2, (const CUDA_MEMCPY3D* a0, CUstream a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuMemcpy3DAsync_v2_ptsz, (const CUDA_MEMCPY3D* a0, CUstream a1), a0, a1)
-CUPOOL_EXPORT(CUresult, cuMemcpyPeerAsync, (CUdeviceptr a0, CUcontext a1, CUdeviceptr a2, CUcontext a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
-CUPOOL_EXPORT(CUresult, cuMemcpyPeerAsync_ptsz, (CUdeviceptr a0, CUcontext a1, CUdeviceptr a2, CUcontext a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuMemcpyPeerAsync,
+              (CUdeviceptr a0, CUcontext a1, CUdeviceptr a2, CUcontext a3, size_t a4, CUstream a5),
+              a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuMemcpyPeerAsync_ptsz,
+              (CUdeviceptr a0, CUcontext a1, CUdeviceptr a2, CUcontext a3, size_t a4, CUstream a5),
+              a0, a1, a2, a3, a4, a5)
 CUPOOL_EXPORT(CUresult, cuMemsetD8Async, (CUdeviceptr a0, unsigned char a1, size_t a2, CUstream a3), a0, a1, a2, a3)
-CUPOOL_EXPORT(CUresult, cuMemsetD8Async_ptsz, (CUdeviceptr a0, unsigned char a1, size_t a2, CUstream a3), a0, a1, a2, a3)
+CUPOOL_EXPORT(CUresult, cuMemsetD8Async_ptsz,
+              (CUdeviceptr a0, unsigned char a1, size_t a2, CUstream a3), a0, a1, a2, a3)
 CUPOOL_EXPORT(CUresult, cuMemsetD16Async, (CUdeviceptr a0, unsigned short a1, size_t a2, CUstream a3), a0, a1, a2, a3)
-CUPOOL_EXPORT(CUresult, cuMemsetD16Async_ptsz, (CUdeviceptr a0, unsigned short a1, size_t a2, CUstream a3), a0, a1, a2, a3)
+CUPOOL_EXPORT(CUresult, cuMemsetD16Async_ptsz,
+              (CUdeviceptr a0, unsigned short a1, size_t a2, CUstream a3), a0, a1, a2, a3)
 CUPOOL_EXPORT(CUresult, cuMemsetD32Async, (CUdeviceptr a0, unsigned int a1, size_t a2, CUstream a3), a0, a1, a2, a3)
-CUPOOL_EXPORT(CUresult, cuMemsetD32Async_ptsz, (CUdeviceptr a0, unsigned int a1, size_t a2, CUstream a3), a0, a1, a2, a3)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D8Async, (CUdeviceptr a0, size_t a1, unsigned char a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D8Async_ptsz, (CUdeviceptr a0, size_t a1, unsigned char a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D16Async, (CUdeviceptr a0, size_t a1, unsigned short a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D16Async_ptsz, (CUdeviceptr a0, size_t a1, unsigned short a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D32Async, (CUdeviceptr a0, size_t a1, unsigned int a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D32Async_ptsz, (CUdeviceptr a0, size_t a1, unsigned int a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuMemsetD32Async_ptsz,
+              (CUdeviceptr a0, unsigned int a1, size_t a2, CUstream a3), a0, a1, a2, a3)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D8Async,
+              (CUdeviceptr a0, size_t a1, unsigned char a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D8Async_ptsz,
+              (CUdeviceptr a0, size_t a1, unsigned char a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D16Async,
+              (CUdeviceptr a0, size_t a1, unsigned short a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D16Async_ptsz,
+              (CUdeviceptr a0, size_t a1, unsigned short a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D32Async,
+              (CUdeviceptr a0, size_t a1, unsigned int a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D32Async_ptsz,
+              (CUdeviceptr a0, size_t a1, unsigned int a2, size_t a3, size_t a4, CUstream a5), a0, a1, a2, a3, a4, a5)
 CUPOOL_EXPORT(CUresult, cuMemcpy_ptds, (CUdeviceptr a0, CUdeviceptr a1, size_t a2), a0, a1, a2)
 CUPOOL_EXPORT(CUresult, cuMemcpyHtoD_v2_ptds, (CUdeviceptr a0, const void* a1, size_t a2), a0, a1, a2)
 CUPOOL_EXPORT(CUresult, cuMemcpyDtoH_v2_ptds, (void* a0, CUdeviceptr a1, size_t a2), a0, a1, a2)
@@ -145,13 +179,17 @@ CUPOOL_EXPORT(CUresult, cuMemcpyDtoD_v2_ptds, (CUdeviceptr a0, CUdeviceptr a1, s
 CUPOOL_EXPORT(CUresult, cuMemcpy2D_v2_ptds, (const CUDA_MEMCPY2D* a0), a0)
 CUPOOL_EXPORT(CUresult, cuMemcpy2DUnaligned_v2_ptds, (const CUDA_MEMCPY2D* a0), a0)
 CUPOOL_EXPORT(CUresult, cuMemcpy3D_v2_ptds, (const CUDA_MEMCPY3D* a0), a0)
-CUPOOL_EXPORT(CUresult, cuMemcpyPeer_ptds, (CUdeviceptr a0, CUcontext a1, CUdeviceptr a2, CUcontext a3, size_t a4), a0, a1, a2, a3, a4)
+CUPOOL_EXPORT(CUresult, cuMemcpyPeer_ptds,
+              (CUdeviceptr a0, CUcontext a1, CUdeviceptr a2, CUcontext a3, size_t a4), a0, a1, a2, a3, a4)
 CUPOOL_EXPORT(CUresult, cuMemsetD8_v2_ptds, (CUdeviceptr a0, unsigned char a1, size_t a2), a0, a1, a2)
 CUPOOL_EXPORT(CUresult, cuMemsetD16_v2_ptds, (CUdeviceptr a0, unsigned short a1, size_t a2), a0, a1, a2)
 CUPOOL_EXPORT(CUresult, cuMemsetD32_v2_ptds, (CUdeviceptr a0, unsigned int a1, size_t a2), a0, a1, a2)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D8_v2_ptds, (CUdeviceptr a0, size_t a1, unsigned char a2, size_t a3, size_t a4), a0, a1, a2, a3, a4)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D16_v2_ptds, (CUdeviceptr a0, size_t a1, unsigned short a2, size_t a3, size_t a4), a0, a1, a2, a3, a4)
-CUPOOL_EXPORT(CUresult, cuMemsetD2D32_v2_ptds, (CUdeviceptr a0, size_t a1, unsigned int a2, size_t a3, size_t a4), a0, a1, a2, a3, a4)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D8_v2_ptds,
+              (CUdeviceptr a0, size_t a1, unsigned char a2, size_t a3, size_t a4), a0, a1, a2, a3, a4)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D16_v2_ptds,
+              (CUdeviceptr a0, size_t a1, unsigned short a2, size_t a3, size_t a4), a0, a1, a2, a3, a4)
+CUPOOL_EXPORT(CUresult, cuMemsetD2D32_v2_ptds,
+              (CUdeviceptr a0, size_t a1, unsigned int a2, size_t a3, size_t a4), a0, a1, a2, a3, a4)
 CUPOOL_EXPORT(CUresult, cuGetProcAddress, (const char* s, void** p, int v, cuuint64_t f), s, p, v, f)
 CUPOOL_EXPORT(CUresult, cuGetProcAddress_v2,
               (const char* s, void** p, int v, cuuint64_t f, CUdriverProcAddressQueryResult* st), s, p, v, f, st)

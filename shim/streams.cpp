@@ -97,6 +97,14 @@ bool CaptureRegistry::capturing(CUstream stream) {
   return std::any_of(list_.begin(), list_.end(), [&](const Capture& c) { return c.stream == stream; });
 }
 
+bool CaptureRegistry::captures_work_on(CUstream stream) {
+  if (!any() || stream == nullptr || stream == CU_STREAM_LEGACY) return false;  // the legacy stream never captures
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  auto is_capturing = driver().stream_is_capturing;
+  if (is_capturing && is_capturing(stream, &status) == CUDA_SUCCESS) return status != CU_STREAM_CAPTURE_STATUS_NONE;
+  return capturing(stream);
+}
+
 bool CaptureRegistry::blocking_capture(CUcontext ctx) {
   if (!any()) return false;
   std::lock_guard lock(mutex_);

@@ -58,6 +58,9 @@ class CaptureRegistry {
   void begun(CUstream stream, CUcontext ctx, CUstreamCaptureMode mode, bool blocking);
   void ended(CUstream stream);  // cuStreamEndCapture, whatever it returned, or the stream's destroy
   bool capturing(CUstream stream);
+  // Work put on `stream` now would be captured into a graph rather than run: the stream is
+  // capturing, or has joined another stream's capture (asked of the driver, during captures only).
+  bool captures_work_on(CUstream stream);
   // A blocking stream of `ctx` is capturing: any use of the legacy stream would invalidate it.
   bool blocking_capture(CUcontext ctx);
   // The driver would refuse an "unsafe" call (cuMemAlloc, cuMemFree, a query or a wait) from the
