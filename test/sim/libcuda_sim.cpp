@@ -4,6 +4,8 @@
 // IPC), streams are host worker threads, and the driver entry points carry their real ABI names
 // (cuMemAlloc_v2, cuMemAllocAsync_ptsz, cuGetProcAddress_v2 ...). cuGetProcAddress(_v2) picks the
 // ABI variant by version and per-thread-default-stream flag from one table (kProcTable, at the end).
+// Stream capture, graphs, the graph-memory pool, arrays, destroyed and per-thread streams follow what
+// an H200 did (docs/gpu-runs/2026-12-01-capture-probe.txt; test/sim/README.md).
 //
 // Environment:
 //   CUPOOL_SIM_DEVICES            number of devices (default 1)
@@ -52,6 +54,9 @@ constexpr size_t kPitchAlign = 512;
 struct Context;
 struct Stream;
 struct MemPool;
+struct Capture;
+struct Node;
+struct GraphAlloc;
 
 struct Dep {
     std::shared_ptr<Stream> s;
@@ -75,6 +80,12 @@ struct Stream {
     bool destroyed = false;
     bool exited = false;
     unsigned long long id = 0;
+    // Stream capture: the capture this stream belongs to (began on it, or joined by waiting on one of
+    // its events), and the nodes the next captured operation depends on.
+    std::shared_ptr<Capture> cap;
+    std::vector<Node*> deps;
+    std::vector<CUgraphNode> deps_view;  // what cuStreamGetCaptureInfo hands out
+    std::vector<CUgraphEdgeData> edge_view;
 };
 
 struct Context {
@@ -94,7 +105,7 @@ struct MemPool {
     uint64_t used = 0, used_high = 0;
 };
 
-enum Kind { KIND_DEVICE, KIND_PITCH, KIND_MANAGED, KIND_ASYNC, KIND_IPC, KIND_HOST };
+enum Kind { KIND_DEVICE, KIND_PITCH, KIND_MANAGED, KIND_ASYNC, KIND_IPC, KIND_HOST, KIND_GRAPH };
 
 struct Alloc {
     uintptr_t base = 0;
@@ -112,6 +123,9 @@ struct Alloc {
     int ipc_pid = 0;
     unsigned long long ipc_buffer = 0;
     int ipc_opens = 0;
+    // KIND_GRAPH: a graph allocation between its launch and its free (not charged here: the
+    // device's graph-memory pool is).
+    std::shared_ptr<GraphAlloc> galloc;
 };
 
 struct Phys {  // cuMemCreate
@@ -139,6 +153,90 @@ struct Event {
     bool recorded = false;
     bool have_time = false;
     std::chrono::steady_clock::time_point t;
+    // Last recorded in a capturing stream: the capture and the nodes a waiting stream will depend on.
+    std::shared_ptr<Capture> cap;
+    std::vector<Node*> cap_nodes;
+};
+
+struct Graph;
+struct Exec;
+
+// A stream capture sequence (cuStreamBeginCapture .. cuStreamEndCapture).
+struct Capture {
+    unsigned long long id = 0;
+    Graph* graph = nullptr;
+    bool owns_graph = true;  // false: cuStreamBeginCaptureToGraph (the caller's graph)
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    bool invalidated = false;
+    std::thread::id thread;  // the thread that began it
+    Context* ctx = nullptr;
+    std::shared_ptr<Stream> origin;
+    std::vector<std::shared_ptr<Stream>> streams;  // the origin and every stream that joined
+};
+
+// The memory of one graph allocation node. Its address is fixed when the node is made (as the
+// driver's): host memory mapped from then on, so work of a graph may use it while the graph runs.
+struct GraphAlloc {
+    uintptr_t va = 0;
+    size_t size = 0;
+    size_t map_size = 0;
+    size_t rounded = 0;      // what it takes of the graph-memory pool (2 MiB granularity)
+    int dev = 0;
+    bool live = false;       // launched and not yet freed (API order)
+    bool mapped = false;     // pool memory is associated with it (counted in USED_MEM_CURRENT)
+    bool free_node = false;  // some graph holds a free node for it
+    Exec* exec = nullptr;    // the executable graph holding its alloc node, if any
+    ~GraphAlloc() {
+        if (va) munmap(reinterpret_cast<void*>(va), map_size);
+    }
+};
+
+struct Node {
+    Graph* graph = nullptr;
+    CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+    std::function<void()> fn;  // what the node does when the graph runs (none for memory nodes)
+    std::vector<Node*> deps;
+    std::shared_ptr<GraphAlloc> ga;  // MEM_ALLOC: its allocation; MEM_FREE: the one it frees
+    CUDA_MEM_ALLOC_NODE_PARAMS alloc_params{};
+    std::vector<CUmemAccessDesc> access;
+};
+
+struct Graph {
+    unsigned long long id = 0;
+    std::vector<std::unique_ptr<Node>> nodes;  // creation order: every node after its dependencies
+    int instances = 0;                         // executable graphs made from it that still exist
+    Capture* capture = nullptr;                // being captured into
+    bool has_mem_nodes() const {
+        for (auto& n : nodes)
+            if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC || n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) return true;
+        return false;
+    }
+};
+
+struct Exec {
+    unsigned long long graph_id = 0;
+    unsigned long long flags = 0;
+    std::shared_ptr<const std::vector<std::function<void()>>> fns;  // shared with launches in flight
+    std::vector<std::pair<bool, std::shared_ptr<GraphAlloc>>> memops;  // (alloc?, allocation), node order
+    std::shared_ptr<Stream> last_stream;  // the last launch, which the next one follows
+    uint64_t last_seq = 0;
+};
+
+struct Array {
+    CUDA_ARRAY3D_DESCRIPTOR desc{};
+    size_t charged = 0;
+    int dev = 0;
+    Context* ctx = nullptr;
+    bool level = false;  // a level of a mipmapped array (owned by it)
+};
+
+struct Mipmap {
+    CUDA_ARRAY3D_DESCRIPTOR desc{};
+    unsigned levels = 0;
+    size_t charged = 0;
+    int dev = 0;
+    Context* ctx = nullptr;
+    std::vector<Array*> level_arrays;
 };
 
 struct Device {
@@ -147,6 +245,10 @@ struct Device {
     Context* primary = nullptr;
     MemPool* default_pool = nullptr;
     MemPool* current_pool = nullptr;
+    // The device's graph-memory pool: physical memory reserved for graph allocations (charged in
+    // `used`), and the part of it associated with graph allocations.
+    uint64_t gp_reserved = 0, gp_reserved_high = 0, gp_used = 0, gp_used_high = 0;
+    std::vector<GraphAlloc*> gp_mapped;
 };
 
 struct State {
@@ -159,6 +261,13 @@ struct State {
     std::unordered_map<void*, std::shared_ptr<Event>> events;
     std::vector<MemPool*> pools;
     std::vector<Context*> contexts;  // every context ever created (handles stay identifiable)
+    std::vector<std::shared_ptr<Capture>> captures;  // in progress
+    std::unordered_map<void*, std::unique_ptr<Graph>> graphs;
+    std::unordered_map<void*, std::unique_ptr<Exec>> execs;
+    std::unordered_map<const void*, Node*> nodes;
+    std::map<uintptr_t, std::weak_ptr<GraphAlloc>> gallocs;  // every graph allocation's address
+    std::unordered_map<void*, std::unique_ptr<Array>> arrays;  // including mipmap levels
+    std::unordered_map<void*, std::unique_ptr<Mipmap>> mipmaps;
     CUmemGenericAllocationHandle next_handle = 1;
     unsigned long long next_id = 1;
     uint64_t latency_us = 0;
@@ -177,6 +286,9 @@ std::atomic<unsigned long long> g_vmm_calls{0};  // cupoolSimVmmCalls(): VMM dri
 std::once_flag g_init_once;
 
 thread_local std::vector<Context*> tl_stack;
+thread_local CUstreamCaptureMode tl_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;  // cuThreadExchangeStreamCaptureMode
+
+void stream_leaves_capture_locked(const std::shared_ptr<Stream>& s);
 
 struct TlsStreams {
     uint64_t gen = 0;
@@ -184,7 +296,10 @@ struct TlsStreams {
     ~TlsStreams() {
         if (v.empty() || g_poisoned) return;
         std::lock_guard<std::mutex> lk(g_mu);
-        for (auto& s : v) s->destroyed = true;
+        for (auto& s : v) {
+            stream_leaves_capture_locked(s);
+            s->destroyed = true;
+        }
         g_cv.notify_all();
     }
 };
@@ -321,21 +436,153 @@ void sync_ctx_locked(std::unique_lock<std::mutex>& lk, Context* c) {
     for (auto& d : targets) wait_seq_locked(lk, d.s, d.seq);
 }
 
+// ---------------------------------------------------------------- stream capture (lock held)
+//
+// As measured on the H200 (docs/gpu-runs/2026-12-01-capture-probe.txt): a thread is prohibited from
+// potentially unsafe calls when its own interaction mode is not relaxed and either it began a capture
+// still in progress that was not begun relaxed, or its mode is global and another thread has a
+// global-mode capture in progress. A prohibited call fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+// and invalidates the captures that prohibited it.
+
+std::vector<std::shared_ptr<Capture>> prohibitors_locked() {
+    std::vector<std::shared_ptr<Capture>> v;
+    if (tl_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return v;
+    const auto me = std::this_thread::get_id();
+    for (auto& c : g_st->captures) {
+        bool mine = c->thread == me;
+        if ((mine && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+            (!mine && tl_capture_mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL))
+            v.push_back(c);
+    }
+    return v;
+}
+
+// A potentially unsafe call (allocation, free, synchronization, query, synchronous copy).
+CUresult unsafe_locked() {
+    auto v = prohibitors_locked();
+    for (auto& c : v) c->invalidated = true;
+    return v.empty() ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
+CUresult unsafe_call() {
+    std::lock_guard<std::mutex> lk(g_mu);
+    return unsafe_locked();
+}
+
+// Captures in c with a blocking stream: the legacy stream would depend on their uncaptured work.
+std::vector<std::shared_ptr<Capture>> blocking_captures_locked(Context* c) {
+    std::vector<std::shared_ptr<Capture>> v;
+    for (auto& cap : g_st->captures) {
+        if (cap->ctx != c) continue;
+        for (auto& s : cap->streams)
+            if (!(s->flags & CU_STREAM_NON_BLOCKING)) {
+                v.push_back(cap);
+                break;
+            }
+    }
+    return v;
+}
+
+// A use of c's legacy stream: refused (and the captures invalidated) while a blocking stream captures.
+CUresult legacy_use_locked(Context* c) {
+    auto v = blocking_captures_locked(c);
+    for (auto& cap : v) cap->invalidated = true;
+    return v.empty() ? CUDA_SUCCESS : CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+}
+
+// Resolves the stream of a stream-ordered call and checks it against capture: on a capturing stream
+// ((*s)->cap set) the call is to be recorded, not run; an invalidated capture refuses it.
+CUresult route_locked(CUstream h, bool ptsz, std::shared_ptr<Stream>* s) {
+    if (CUresult r = resolve_stream_locked(h, ptsz, s); r != CUDA_SUCCESS) return r;
+    if ((*s)->cap) return (*s)->cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+    if ((*s)->legacy) return legacy_use_locked((*s)->ctx);
+    return CUDA_SUCCESS;
+}
+
+Node* add_node_locked(Graph* g, CUgraphNodeType type, std::function<void()> fn, std::vector<Node*> deps) {
+    auto n = std::make_unique<Node>();
+    n->graph = g;
+    n->type = type;
+    n->fn = std::move(fn);
+    n->deps = std::move(deps);
+    Node* raw = n.get();
+    g->nodes.push_back(std::move(n));
+    g_st->nodes[raw] = raw;
+    return raw;
+}
+
+// Records an operation of a capturing stream: a node after the stream's current dependencies.
+Node* capture_node_locked(Stream& s, CUgraphNodeType type, std::function<void()> fn) {
+    Node* n = add_node_locked(s.cap->graph, type, std::move(fn), s.deps);
+    s.deps = {n};
+    return n;
+}
+
+void destroy_graph_locked(Graph* g) {
+    for (auto& n : g->nodes) g_st->nodes.erase(n.get());
+    g_st->graphs.erase(g);
+}
+
+// Ends a capture sequence: its streams leave it; an owned graph is destroyed unless kept.
+void end_capture_locked(const std::shared_ptr<Capture>& cap, bool keep_graph) {
+    auto& v = g_st->captures;
+    v.erase(std::remove(v.begin(), v.end(), cap), v.end());
+    for (auto& s : cap->streams) {
+        if (s->cap == cap) s->cap.reset();
+        s->deps.clear();
+    }
+    cap->streams.clear();
+    cap->origin.reset();
+    if (cap->graph) cap->graph->capture = nullptr;
+    if (!keep_graph && cap->owns_graph && cap->graph) destroy_graph_locked(cap->graph);
+    cap->graph = nullptr;
+}
+
+// A stream leaves capture because it is destroyed: the origin ends (abandons) its capture, a joined
+// stream invalidates it.
+void stream_leaves_capture_locked(const std::shared_ptr<Stream>& s) {
+    std::shared_ptr<Capture> cap = s->cap;
+    if (!cap) return;
+    if (cap->origin == s) {
+        end_capture_locked(cap, false);
+        return;
+    }
+    cap->invalidated = true;
+    s->cap.reset();
+    s->deps.clear();
+    auto& v = cap->streams;
+    v.erase(std::remove(v.begin(), v.end(), s), v.end());
+}
+
+// Is this event's last record one inside a capture still in progress?
+bool captured_event_locked(const Event& e) {
+    return e.cap && std::find(g_st->captures.begin(), g_st->captures.end(), e.cap) != g_st->captures.end();
+}
+
 // Runs fn in stream order and waits for it (synchronous memcpy/memset).
 CUresult run_sync(CUstream h, bool ptds, std::function<void()> fn) {
     std::unique_lock<std::mutex> lk(g_mu);
+    if (CUresult r = unsafe_locked(); r != CUDA_SUCCESS) return r;
     std::shared_ptr<Stream> s;
     if (CUresult r = resolve_stream_locked(h, ptds, &s); r != CUDA_SUCCESS) return r;
+    if (s->cap) {  // a synchronous operation cannot be captured
+        s->cap->invalidated = true;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (s->legacy)
+        if (CUresult r = legacy_use_locked(s->ctx); r != CUDA_SUCCESS) return r;
     uint64_t seq = enqueue_locked(s, std::move(fn));
     wait_seq_locked(lk, s, seq);
     return CUDA_SUCCESS;
 }
 
-CUresult run_async(CUstream h, bool ptsz, std::function<void()> fn) {
+// Runs fn in stream order, or records it as a node of type `type` on a capturing stream.
+CUresult run_async(CUstream h, bool ptsz, std::function<void()> fn, CUgraphNodeType type) {
     std::unique_lock<std::mutex> lk(g_mu);
     std::shared_ptr<Stream> s;
-    if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
-    enqueue_locked(s, std::move(fn));
+    if (CUresult r = route_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (s->cap) capture_node_locked(*s, type, std::move(fn));
+    else enqueue_locked(s, std::move(fn));
     return CUDA_SUCCESS;
 }
 
@@ -410,18 +657,59 @@ struct Unmap {
     int fd;
 };
 
+// Graph-memory pool bookkeeping (lock held).
+void unmap_galloc_locked(GraphAlloc* ga) {
+    if (!ga->mapped) return;
+    Device& d = g_st->devs[static_cast<size_t>(ga->dev)];
+    ga->mapped = false;
+    d.gp_used -= ga->rounded;
+    d.gp_mapped.erase(std::remove(d.gp_mapped.begin(), d.gp_mapped.end(), ga), d.gp_mapped.end());
+}
+
+void map_galloc_locked(GraphAlloc* ga) {
+    if (ga->mapped) return;
+    Device& d = g_st->devs[static_cast<size_t>(ga->dev)];
+    ga->mapped = true;
+    d.gp_used += ga->rounded;
+    d.gp_used_high = std::max(d.gp_used_high, d.gp_used);
+    d.gp_mapped.push_back(ga);
+}
+
+// A graph allocation was freed: its pool memory stays associated with its executable graph (the
+// driver keeps it mapped there), or becomes unused if that graph is gone.
+void galloc_freed_locked(GraphAlloc* ga) {
+    ga->live = false;
+    if (ga->exec == nullptr) unmap_galloc_locked(ga);
+}
+
 Unmap erase_alloc_locked(std::map<uintptr_t, Alloc>::iterator it) {
     Alloc& a = it->second;
     if (a.kind != KIND_IPC && a.kind != KIND_HOST) g_st->devs[static_cast<size_t>(a.dev)].used -= a.accounted;
     if (a.pool) a.pool->used -= a.accounted;
     Unmap u{a.base, a.map_size, a.fd};
+    if (a.kind == KIND_GRAPH) {  // the memory belongs to the graph allocation, which stays mapped
+        galloc_freed_locked(a.galloc.get());
+        u = Unmap{0, 0, -1};
+    }
     g_st->allocs.erase(it);
     return u;
 }
 
 void do_unmap(const Unmap& u) {
+    if (u.base == 0) return;
     munmap(reinterpret_cast<void*>(u.base), u.size);
     if (u.fd >= 0) close(u.fd);
+}
+
+// The graph allocation whose address range holds p (lock held), or null.
+std::shared_ptr<GraphAlloc> find_galloc_locked(uintptr_t p) {
+    auto& m = g_st->gallocs;
+    auto it = m.upper_bound(p);
+    if (it == m.begin()) return nullptr;
+    --it;
+    auto ga = it->second.lock();
+    if (!ga || p >= ga->va + std::max<size_t>(ga->size, 1)) return nullptr;
+    return ga;
 }
 
 // Allocation containing p (lock held), or end().
@@ -447,6 +735,8 @@ std::map<uintptr_t, Mapping>::iterator find_mapping_locked(uintptr_t p) {
 bool is_device_range_locked(uintptr_t p, size_t n) {
     auto it = find_alloc_locked(p);
     if (it != g_st->allocs.end()) return p + n <= it->first + std::max(it->second.size, it->second.map_size);
+    // a graph allocation's address is valid from its node's creation (work of the graph uses it)
+    if (auto ga = find_galloc_locked(p)) return p + n <= ga->va + ga->size;
     // VMM: [p, p+n) may span consecutive mappings of one reserved range
     auto mt = find_mapping_locked(p);
     uintptr_t end = p + n;
@@ -473,6 +763,8 @@ void teardown_ctx(Context* c) {
         sync_ctx_locked(lk, c);
         std::vector<std::shared_ptr<Stream>> all = c->streams;
         if (c->legacy) all.push_back(c->legacy);
+        for (auto cap : std::vector<std::shared_ptr<Capture>>(g_st->captures))
+            if (cap->ctx == c) end_capture_locked(cap, false);
         for (auto& s : all) {
             s->destroyed = true;
             for (auto it = g_st->streams.begin(); it != g_st->streams.end();)
@@ -494,6 +786,24 @@ void teardown_ctx(Context* c) {
             } else {
                 ++it;
             }
+        }
+        // arrays die with their context too
+        for (auto it = g_st->mipmaps.begin(); it != g_st->mipmaps.end();) {
+            if (it->second->ctx != c) {
+                ++it;
+                continue;
+            }
+            g_st->devs[static_cast<size_t>(c->dev)].used -= it->second->charged;
+            for (Array* a : it->second->level_arrays) g_st->arrays.erase(a);
+            it = g_st->mipmaps.erase(it);
+        }
+        for (auto it = g_st->arrays.begin(); it != g_st->arrays.end();) {
+            if (it->second->ctx != c) {
+                ++it;
+                continue;
+            }
+            g_st->devs[static_cast<size_t>(c->dev)].used -= it->second->charged;
+            it = g_st->arrays.erase(it);
         }
     }
     for (auto& u : um) do_unmap(u);
@@ -604,6 +914,7 @@ CUresult free_sync(CUdeviceptr dptr) {
     Context* cur = nullptr;
     if (CUresult r = need_ctx(&cur); r != CUDA_SUCCESS) return r;
     if (dptr == 0) return CUDA_SUCCESS;
+    if (CUresult r = unsafe_call(); r != CUDA_SUCCESS) return r;
     latency();
     Unmap u{};
     {
@@ -625,6 +936,50 @@ CUresult free_sync(CUdeviceptr dptr) {
     return CUDA_SUCCESS;
 }
 
+// A new graph allocation of `bytes` on device dev: its address range, mapped now (lock held).
+std::shared_ptr<GraphAlloc> new_galloc_locked(size_t bytes, int dev) {
+    size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    size_t ms = round_up(bytes, page);
+    void* p = mmap(nullptr, ms, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    auto& m = g_st->gallocs;  // forget the addresses of graph allocations that are gone
+    for (auto it = m.begin(); it != m.end();) it = it->second.expired() ? m.erase(it) : std::next(it);
+    auto ga = std::make_shared<GraphAlloc>();
+    ga->va = reinterpret_cast<uintptr_t>(p);
+    ga->size = bytes;
+    ga->map_size = ms;
+    ga->rounded = round_up(bytes, kGranularity);
+    ga->dev = dev;
+    g_st->gallocs[ga->va] = ga;
+    return ga;
+}
+
+Node* add_alloc_node_locked(Graph* g, std::vector<Node*> deps, size_t bytes, int dev) {
+    auto ga = new_galloc_locked(bytes, dev);
+    if (!ga) return nullptr;
+    Node* n = add_node_locked(g, CU_GRAPH_NODE_TYPE_MEM_ALLOC, nullptr, std::move(deps));
+    n->ga = ga;
+    n->alloc_params.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    n->alloc_params.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    n->alloc_params.poolProps.location.id = dev;
+    n->alloc_params.bytesize = bytes;
+    n->alloc_params.dptr = static_cast<CUdeviceptr>(ga->va);
+    return n;
+}
+
+// A free node for the graph allocation at dptr (its base): refused for an unknown address or one
+// that some graph already frees, as the driver does.
+CUresult add_free_node_locked(Graph* g, std::vector<Node*> deps, CUdeviceptr dptr, Node** out) {
+    auto it = g_st->gallocs.find(static_cast<uintptr_t>(dptr));
+    std::shared_ptr<GraphAlloc> ga = it == g_st->gallocs.end() ? nullptr : it->second.lock();
+    if (!ga || ga->free_node) return CUDA_ERROR_INVALID_VALUE;
+    ga->free_node = true;
+    Node* n = add_node_locked(g, CU_GRAPH_NODE_TYPE_MEM_FREE, nullptr, std::move(deps));
+    n->ga = ga;
+    *out = n;
+    return CUDA_SUCCESS;
+}
+
 CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, MemPool* pool, CUstream h, bool ptsz) {
     CHECK_INIT();
     if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -633,9 +988,18 @@ CUresult alloc_async(CUdeviceptr* dptr, size_t bytesize, MemPool* pool, CUstream
     {
         std::lock_guard<std::mutex> lk(g_mu);
         std::shared_ptr<Stream> s;
-        if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+        if (CUresult r = route_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
         c = s->ctx;
         if (pool == nullptr) pool = g_st->devs[static_cast<size_t>(c->dev)].current_pool;
+        if (s->cap) {
+            // Captured: an allocation node whose address is fixed now; memory comes at launch.
+            std::vector<Node*> deps = s->deps;
+            Node* n = add_alloc_node_locked(s->cap->graph, std::move(deps), bytesize, pool->dev);
+            if (n == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+            s->deps = {n};
+            *dptr = n->alloc_params.dptr;
+            return CUDA_SUCCESS;
+        }
     }
     return alloc_mem(c, bytesize, KIND_ASYNC, pool, dptr);
 }
@@ -644,11 +1008,23 @@ CUresult free_async(CUdeviceptr dptr, CUstream h, bool ptsz) {
     CHECK_INIT();
     std::unique_lock<std::mutex> lk(g_mu);
     std::shared_ptr<Stream> s;
-    if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (CUresult r = route_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (s->cap) {  // captured: a free node, for a graph allocation only
+        Node* n = nullptr;
+        if (CUresult r = add_free_node_locked(s->cap->graph, s->deps, dptr, &n); r != CUDA_SUCCESS) return r;
+        s->deps = {n};
+        return CUDA_SUCCESS;
+    }
     auto it = g_st->allocs.find(static_cast<uintptr_t>(dptr));
     if (it == g_st->allocs.end() || it->second.kind == KIND_IPC || it->second.kind == KIND_HOST ||
         it->second.free_pending)
         return CUDA_ERROR_INVALID_VALUE;
+    if (it->second.kind == KIND_GRAPH) {
+        // Graph allocations are tracked in API order (a relaunch may follow at once); the memory
+        // stays mapped, so stream work before this free still finds it.
+        erase_alloc_locked(it);
+        return CUDA_SUCCESS;
+    }
     it->second.free_pending = true;
     uintptr_t base = it->first;
     enqueue_locked(s, [base] {
@@ -669,7 +1045,7 @@ CUresult memcpy_impl(void* dst, const void* src, size_t n, CUstream h, bool ptsz
     if (n == 0) return CUDA_SUCCESS;
     if (dst == nullptr || src == nullptr) return CUDA_ERROR_INVALID_VALUE;
     auto fn = [dst, src, n] { std::memmove(dst, src, n); };
-    return sync ? run_sync(h, ptsz, fn) : run_async(h, ptsz, fn);
+    return sync ? run_sync(h, ptsz, fn) : run_async(h, ptsz, fn, CU_GRAPH_NODE_TYPE_MEMCPY);
 }
 
 template <typename T>
@@ -682,14 +1058,27 @@ CUresult memset_impl(CUdeviceptr d, T v, size_t n, CUstream h, bool ptsz, bool s
         if constexpr (sizeof(T) == 1) std::memset(p, v, n);
         else std::fill(p, p + n, v);
     };
-    return sync ? run_sync(h, ptsz, fn) : run_async(h, ptsz, fn);
+    return sync ? run_sync(h, ptsz, fn) : run_async(h, ptsz, fn, CU_GRAPH_NODE_TYPE_MEMSET);
+}
+
+// cuStreamSynchronize / cuStreamQuery under capture: unsafe calls; on the capturing stream itself
+// always refused (and its capture invalidated), whatever the thread's mode.
+CUresult sync_query_check_locked(CUstream h, bool ptsz, std::shared_ptr<Stream>* s) {
+    if (CUresult r = unsafe_locked(); r != CUDA_SUCCESS) return r;
+    if (CUresult r = resolve_stream_locked(h, ptsz, s); r != CUDA_SUCCESS) return r;
+    if ((*s)->cap) {
+        (*s)->cap->invalidated = true;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if ((*s)->legacy) return legacy_use_locked((*s)->ctx);
+    return CUDA_SUCCESS;
 }
 
 CUresult stream_sync(CUstream h, bool ptsz) {
     CHECK_INIT();
     std::unique_lock<std::mutex> lk(g_mu);
     std::shared_ptr<Stream> s;
-    if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (CUresult r = sync_query_check_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
     wait_seq_locked(lk, s, s->submitted);
     return CUDA_SUCCESS;
 }
@@ -698,7 +1087,7 @@ CUresult stream_query(CUstream h, bool ptsz) {
     CHECK_INIT();
     std::lock_guard<std::mutex> lk(g_mu);
     std::shared_ptr<Stream> s;
-    if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (CUresult r = sync_query_check_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
     return s->completed >= s->submitted ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -735,10 +1124,10 @@ CUresult stream_ctx(CUstream h, CUcontext* pctx, bool ptsz) {
 CUresult host_func(CUstream h, CUhostFn fn, void* user, bool ptsz) {
     CHECK_INIT();
     if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
-    return run_async(h, ptsz, [fn, user] { fn(user); });
+    return run_async(h, ptsz, [fn, user] { fn(user); }, CU_GRAPH_NODE_TYPE_HOST);
 }
 
-CUresult stream_wait_event(CUstream h, CUevent ev, bool ptsz) {
+CUresult stream_wait_event(CUstream h, CUevent ev, unsigned flags, bool ptsz) {
     CHECK_INIT();
     std::lock_guard<std::mutex> lk(g_mu);
     std::shared_ptr<Stream> s;
@@ -746,6 +1135,46 @@ CUresult stream_wait_event(CUstream h, CUevent ev, bool ptsz) {
     auto it = g_st->events.find(ev);
     if (it == g_st->events.end()) return CUDA_ERROR_INVALID_HANDLE;
     Event& e = *it->second;
+    if (captured_event_locked(e)) {
+        const std::shared_ptr<Capture>& cap = e.cap;
+        if (s->cap == cap) {  // join within the capture: the next node also follows the event's nodes
+            for (Node* n : e.cap_nodes)
+                if (std::find(s->deps.begin(), s->deps.end(), n) == s->deps.end()) s->deps.push_back(n);
+        } else if (s->cap) {  // would merge two capture sequences
+            s->cap->invalidated = true;
+            cap->invalidated = true;
+            return CUDA_ERROR_STREAM_CAPTURE_MERGE;
+        } else if (s->legacy) {  // the legacy stream cannot join a capture
+            legacy_use_locked(s->ctx);
+            cap->invalidated = true;
+            return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        } else {  // fork: the stream joins the capture (as PyTorch's side streams do)
+            s->cap = cap;
+            s->deps = e.cap_nodes;
+            cap->streams.push_back(s);
+        }
+        return cap->invalidated ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+    }
+    if (s->cap) {
+        if (s->cap->invalidated) return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        if (!e.recorded || !e.s) return CUDA_SUCCESS;  // nothing to wait for
+        if (!(flags & CU_EVENT_WAIT_EXTERNAL)) {
+            // A captured stream may not depend on uncaptured work (unless the wait is external).
+            s->cap->invalidated = true;
+            return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        }
+        // An external wait node: waits, when the graph runs, for the event's last record then.
+        capture_node_locked(*s, CU_GRAPH_NODE_TYPE_WAIT_EVENT, [ev] {
+            std::unique_lock<std::mutex> l2(g_mu);
+            auto i2 = g_st->events.find(ev);
+            if (i2 == g_st->events.end() || !i2->second->recorded || !i2->second->s) return;
+            std::shared_ptr<Event> e2 = i2->second;
+            wait_seq_locked(l2, e2->s, e2->seq);
+        });
+        return CUDA_SUCCESS;
+    }
+    if (s->legacy)
+        if (CUresult r = legacy_use_locked(s->ctx); r != CUDA_SUCCESS) return r;
     std::vector<Dep> deps;
     if (e.recorded && e.s) deps.push_back({e.s, e.seq});
     enqueue_locked(s, nullptr, std::move(deps));
@@ -758,11 +1187,19 @@ CUresult event_record(CUevent ev, CUstream h, bool ptsz) {
     auto it = g_st->events.find(ev);
     if (it == g_st->events.end()) return CUDA_ERROR_INVALID_HANDLE;
     std::shared_ptr<Stream> s;
-    if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (CUresult r = route_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
     std::shared_ptr<Event> e = it->second;
     uint64_t gen = ++e->gen;
     e->recorded = true;
     e->have_time = false;
+    if (s->cap) {  // no node: the event marks the stream's place in the capture (fork/join)
+        e->s = nullptr;
+        e->cap = s->cap;
+        e->cap_nodes = s->deps;
+        return CUDA_SUCCESS;
+    }
+    e->cap.reset();
+    e->cap_nodes.clear();
     e->s = s;
     e->seq = enqueue_locked(s, [e, gen] {
         auto t = std::chrono::steady_clock::now();
@@ -955,6 +1392,383 @@ void maybe_free_phys_locked(CUmemGenericAllocationHandle h) {
         close(it->second.fd);
         g_st->phys.erase(it);
     }
+}
+
+// ---------------------------------------------------------------- capture, graphs, arrays
+
+Graph* new_graph_locked() {
+    auto g = std::make_unique<Graph>();
+    g->id = g_st->next_id++;
+    Graph* raw = g.get();
+    g_st->graphs[raw] = std::move(g);
+    return raw;
+}
+
+Graph* find_graph_locked(CUgraph h) {
+    auto it = g_st->graphs.find(h);
+    return it == g_st->graphs.end() ? nullptr : it->second.get();
+}
+
+// Dependencies given by handle: nodes of g, or false.
+bool nodes_of_locked(Graph* g, const CUgraphNode* deps, size_t n, std::vector<Node*>* out) {
+    if (n > 0 && deps == nullptr) return false;
+    for (size_t i = 0; i < n; ++i) {
+        auto it = g_st->nodes.find(deps[i]);
+        if (it == g_st->nodes.end() || it->second->graph != g) return false;
+        out->push_back(it->second);
+    }
+    return true;
+}
+
+bool valid_mode(CUstreamCaptureMode m) {
+    return m == CU_STREAM_CAPTURE_MODE_GLOBAL || m == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL ||
+           m == CU_STREAM_CAPTURE_MODE_RELAXED;
+}
+
+CUresult begin_capture(CUstream h, CUstreamCaptureMode mode, bool ptsz, CUgraph into, const CUgraphNode* deps,
+                       size_t ndeps) {
+    CHECK_INIT();
+    if (!valid_mode(mode)) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    std::shared_ptr<Stream> s;
+    if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (s->legacy) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // the legacy stream cannot be captured
+    if (s->cap) return CUDA_ERROR_ILLEGAL_STATE;
+    Graph* g = nullptr;
+    std::vector<Node*> start;
+    if (into) {
+        g = find_graph_locked(into);
+        if (g == nullptr || g->capture || !nodes_of_locked(g, deps, ndeps, &start)) return CUDA_ERROR_INVALID_VALUE;
+    } else {
+        g = new_graph_locked();
+    }
+    auto cap = std::make_shared<Capture>();
+    cap->id = g_st->next_id++;
+    cap->graph = g;
+    cap->owns_graph = into == nullptr;
+    cap->mode = mode;
+    cap->thread = std::this_thread::get_id();
+    cap->ctx = s->ctx;
+    cap->origin = s;
+    cap->streams.push_back(s);
+    g->capture = cap.get();
+    s->cap = cap;
+    s->deps = std::move(start);
+    g_st->captures.push_back(cap);
+    return CUDA_SUCCESS;
+}
+
+CUresult end_capture(CUstream h, CUgraph* phGraph, bool ptsz) {
+    CHECK_INIT();
+    if (phGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    std::shared_ptr<Stream> s;
+    if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    std::shared_ptr<Capture> cap = s->cap;
+    if (!cap) return CUDA_ERROR_ILLEGAL_STATE;
+    if (cap->origin != s) {
+        cap->invalidated = true;
+        return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    }
+    if (cap->mode != CU_STREAM_CAPTURE_MODE_RELAXED && cap->thread != std::this_thread::get_id())
+        return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    *phGraph = nullptr;
+    if (cap->invalidated) {
+        end_capture_locked(cap, false);
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    // Every stream that joined must have been joined back: its last nodes precede the origin's.
+    std::vector<Node*> todo = s->deps;
+    std::unordered_map<Node*, bool> seen;
+    while (!todo.empty()) {
+        Node* n = todo.back();
+        todo.pop_back();
+        if (seen[n]) continue;
+        seen[n] = true;
+        todo.insert(todo.end(), n->deps.begin(), n->deps.end());
+    }
+    for (auto& st : cap->streams)
+        for (Node* n : st->deps)
+            if (st != s && !seen[n]) {
+                end_capture_locked(cap, false);
+                return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
+            }
+    Graph* g = cap->graph;
+    end_capture_locked(cap, true);
+    *phGraph = reinterpret_cast<CUgraph>(g);
+    return CUDA_SUCCESS;
+}
+
+// cuStreamIsCapturing / cuStreamGetCaptureInfo: on the legacy stream while a blocking stream
+// captures, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT without invalidating anything (as measured).
+CUresult capture_info(CUstream h, bool ptsz, CUstreamCaptureStatus* status, cuuint64_t* id, CUgraph* graph,
+                      const CUgraphNode** deps, const CUgraphEdgeData** edges, size_t* ndeps) {
+    CHECK_INIT();
+    if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    std::shared_ptr<Stream> s;
+    if (CUresult r = resolve_stream_locked(h, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (s->legacy && !blocking_captures_locked(s->ctx).empty()) return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    const std::shared_ptr<Capture>& cap = s->cap;
+    if (!cap) {
+        *status = CU_STREAM_CAPTURE_STATUS_NONE;
+        return CUDA_SUCCESS;
+    }
+    *status = cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (cap->invalidated) return CUDA_SUCCESS;
+    if (id) *id = cap->id;
+    if (graph) *graph = reinterpret_cast<CUgraph>(cap->graph);
+    s->deps_view.clear();
+    for (Node* n : s->deps) s->deps_view.push_back(reinterpret_cast<CUgraphNode>(n));
+    s->edge_view.assign(s->deps.size(), CUgraphEdgeData{});
+    if (deps) *deps = s->deps_view.empty() ? nullptr : s->deps_view.data();
+    if (edges) *edges = s->edge_view.empty() ? nullptr : s->edge_view.data();
+    if (ndeps) *ndeps = s->deps.size();
+    return CUDA_SUCCESS;
+}
+
+bool exec_running_locked(const Exec* e) {
+    return e && e->last_stream && e->last_stream->completed < e->last_seq;
+}
+
+// Makes room in device dev's graph-memory pool for `need` more bytes of graph allocations: takes
+// back memory associated with allocations that are neither live nor in a running graph (nor in
+// `except`), then reserves the rest from the device, as the graph-memory pool grows.
+CUresult pool_room_locked(int dev, uint64_t need, const Exec* except) {
+    Device& d = g_st->devs[static_cast<size_t>(dev)];
+    auto unused = [&] { return d.gp_reserved - d.gp_used; };
+    for (size_t i = 0; i < d.gp_mapped.size() && need > unused();) {
+        GraphAlloc* ga = d.gp_mapped[i];
+        if (ga->live || ga->exec == except || exec_running_locked(ga->exec)) ++i;
+        else unmap_galloc_locked(ga);
+    }
+    if (need <= unused()) return CUDA_SUCCESS;
+    uint64_t extra = need - unused();
+    if (injected_failure()) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (extra > d.total || d.used + extra > d.total) return CUDA_ERROR_OUT_OF_MEMORY;
+    d.used += extra;
+    d.gp_reserved += extra;
+    d.gp_reserved_high = std::max(d.gp_reserved_high, d.gp_reserved);
+    return CUDA_SUCCESS;
+}
+
+// Associates pool memory with every allocation of e (launch or upload).
+CUresult map_exec_locked(Exec* e) {
+    std::map<int, uint64_t> need;
+    for (auto& [is_alloc, ga] : e->memops)
+        if (is_alloc && !ga->mapped) need[ga->dev] += ga->rounded;
+    for (auto& [dev, n] : need)
+        if (CUresult r = pool_room_locked(dev, n, e); r != CUDA_SUCCESS) return r;
+    for (auto& [is_alloc, ga] : e->memops)
+        if (is_alloc) map_galloc_locked(ga.get());
+    return CUDA_SUCCESS;
+}
+
+Exec* find_exec_locked(CUgraphExec h) {
+    auto it = g_st->execs.find(h);
+    return it == g_st->execs.end() ? nullptr : it->second.get();
+}
+
+constexpr unsigned long long kInstantiateFlags =
+    CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD |
+    CUDA_GRAPH_INSTANTIATE_FLAG_DEVICE_LAUNCH | CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY;
+
+CUresult instantiate(CUgraphExec* out, CUgraph hg, unsigned long long flags) {
+    CHECK_INIT();
+    if (out == nullptr || (flags & ~kInstantiateFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Graph* g = find_graph_locked(hg);
+    if (g == nullptr || g->capture) return CUDA_ERROR_INVALID_VALUE;
+    // As documented: a graph with memory nodes has at most one executable graph at a time.
+    if (g->has_mem_nodes() && g->instances > 0) return CUDA_ERROR_INVALID_VALUE;
+    auto e = std::make_unique<Exec>();
+    e->graph_id = g->id;
+    e->flags = flags;
+    auto fns = std::make_shared<std::vector<std::function<void()>>>();
+    for (auto& n : g->nodes) {
+        if (n->fn) fns->push_back(n->fn);
+        if (n->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+            n->ga->exec = e.get();
+            e->memops.emplace_back(true, n->ga);
+        } else if (n->type == CU_GRAPH_NODE_TYPE_MEM_FREE) {
+            e->memops.emplace_back(false, n->ga);
+        }
+    }
+    e->fns = std::move(fns);
+    g->instances++;
+    *out = reinterpret_cast<CUgraphExec>(e.get());
+    g_st->execs[e.get()] = std::move(e);
+    return CUDA_SUCCESS;
+}
+
+CUresult exec_destroy(CUgraphExec h) {
+    CHECK_INIT();
+    std::lock_guard<std::mutex> lk(g_mu);
+    Exec* e = find_exec_locked(h);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    for (auto& [is_alloc, ga] : e->memops) {
+        if (!is_alloc || ga->exec != e) continue;
+        ga->exec = nullptr;
+        if (!ga->live) unmap_galloc_locked(ga.get());  // pool memory stays reserved, now unused
+    }
+    for (auto& [p, g] : g_st->graphs)
+        if (g->id == e->graph_id) g->instances--;
+    g_st->execs.erase(e);  // a launch in flight keeps its functions
+    return CUDA_SUCCESS;
+}
+
+CUresult graph_upload(CUgraphExec h, CUstream hs, bool ptsz) {
+    CHECK_INIT();
+    std::lock_guard<std::mutex> lk(g_mu);
+    Exec* e = find_exec_locked(h);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<Stream> s;
+    if (CUresult r = route_locked(hs, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (s->cap) return CUDA_ERROR_NOT_SUPPORTED;  // the sim does not capture graph uploads/launches
+    return map_exec_locked(e);
+}
+
+CUresult graph_launch(CUgraphExec h, CUstream hs, bool ptsz) {
+    CHECK_INIT();
+    std::lock_guard<std::mutex> lk(g_mu);
+    Exec* e = find_exec_locked(h);
+    if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::shared_ptr<Stream> s;
+    if (CUresult r = route_locked(hs, ptsz, &s); r != CUDA_SUCCESS) return r;
+    if (s->cap) return CUDA_ERROR_NOT_SUPPORTED;
+    // Graph allocations, in API order: an allocation still live from a previous launch refuses the
+    // launch (unless AUTO_FREE_ON_LAUNCH), a free node needs its allocation live.
+    std::unordered_map<GraphAlloc*, bool> live;
+    auto is_live = [&](GraphAlloc* ga) {
+        auto it = live.find(ga);
+        return it == live.end() ? ga->live : it->second;
+    };
+    std::vector<GraphAlloc*> auto_free;
+    for (auto& [is_alloc, ga] : e->memops) {
+        if (is_alloc) {
+            if (is_live(ga.get())) {
+                if (!(e->flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH)) return CUDA_ERROR_INVALID_VALUE;
+                auto_free.push_back(ga.get());
+            }
+            live[ga.get()] = true;
+        } else {
+            if (!is_live(ga.get())) return CUDA_ERROR_INVALID_VALUE;
+            live[ga.get()] = false;
+        }
+    }
+    if (CUresult r = map_exec_locked(e); r != CUDA_SUCCESS) return r;
+    for (GraphAlloc* ga : auto_free) {
+        auto it = g_st->allocs.find(ga->va);
+        if (it != g_st->allocs.end()) erase_alloc_locked(it);
+    }
+    for (auto& [is_alloc, ga] : e->memops) {
+        if (is_alloc) {
+            Alloc a;
+            a.base = ga->va;
+            a.size = ga->size;
+            a.ctx = s->ctx;
+            a.dev = ga->dev;
+            a.kind = KIND_GRAPH;
+            a.galloc = ga;
+            a.buffer_id = g_st->next_id++;
+            g_st->allocs[a.base] = a;
+            ga->live = true;
+        } else {
+            auto it = g_st->allocs.find(ga->va);
+            if (it != g_st->allocs.end()) erase_alloc_locked(it);
+        }
+    }
+    // Nodes run in creation order (a topological order) on the launch stream, after the previous
+    // launch of the same executable graph.
+    std::vector<Dep> deps;
+    if (e->last_stream && e->last_stream != s) deps.push_back({e->last_stream, e->last_seq});
+    auto fns = e->fns;
+    e->last_seq = enqueue_locked(s, [fns] {
+        for (auto& f : *fns) f();
+    }, std::move(deps));
+    e->last_stream = s;
+    return CUDA_SUCCESS;
+}
+
+// ---- arrays
+
+// Bytes of one element of format f with n channels; 0 for formats the sim does not model.
+size_t elem_bytes(CUarray_format f, unsigned n) {
+    switch (f) {
+    case CU_AD_FORMAT_UNSIGNED_INT8: case CU_AD_FORMAT_SIGNED_INT8: return n;
+    case CU_AD_FORMAT_UNSIGNED_INT16: case CU_AD_FORMAT_SIGNED_INT16: case CU_AD_FORMAT_HALF: return 2 * n;
+    case CU_AD_FORMAT_UNSIGNED_INT32: case CU_AD_FORMAT_SIGNED_INT32: case CU_AD_FORMAT_FLOAT: return 4 * n;
+    case CU_AD_FORMAT_UNORM_INT8X1: case CU_AD_FORMAT_SNORM_INT8X1: return 1;
+    case CU_AD_FORMAT_UNORM_INT8X2: case CU_AD_FORMAT_SNORM_INT8X2: return 2;
+    case CU_AD_FORMAT_UNORM_INT8X4: case CU_AD_FORMAT_SNORM_INT8X4: return 4;
+    case CU_AD_FORMAT_UNORM_INT16X1: case CU_AD_FORMAT_SNORM_INT16X1: return 2;
+    case CU_AD_FORMAT_UNORM_INT16X2: case CU_AD_FORMAT_SNORM_INT16X2: return 4;
+    case CU_AD_FORMAT_UNORM_INT16X4: case CU_AD_FORMAT_SNORM_INT16X4: return 8;
+    case CU_AD_FORMAT_UNORM_INT_101010_2: return 4;
+    default: return 0;
+    }
+}
+
+constexpr unsigned kArrayFlags = CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_SURFACE_LDST | CUDA_ARRAY3D_CUBEMAP |
+                                 CUDA_ARRAY3D_TEXTURE_GATHER | CUDA_ARRAY3D_DEPTH_TEXTURE |
+                                 CUDA_ARRAY3D_COLOR_ATTACHMENT | CUDA_ARRAY3D_SPARSE |
+                                 CUDA_ARRAY3D_DEFERRED_MAPPING | CUDA_ARRAY3D_VIDEO_ENCODE_DECODE;
+
+CUresult check_desc(const CUDA_ARRAY3D_DESCRIPTOR& d) {
+    if (d.Width == 0 || (d.Flags & ~kArrayFlags) != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (d.NumChannels != 1 && d.NumChannels != 2 && d.NumChannels != 4) return CUDA_ERROR_INVALID_VALUE;
+    if (elem_bytes(d.Format, d.NumChannels) == 0) return CUDA_ERROR_NOT_SUPPORTED;
+    if (d.Height == 0 && d.Depth > 0 && !(d.Flags & CUDA_ARRAY3D_LAYERED)) return CUDA_ERROR_INVALID_VALUE;
+    if ((d.Flags & CUDA_ARRAY3D_CUBEMAP) && (d.Width != d.Height || d.Depth == 0 || d.Depth % 6 != 0))
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS;
+}
+
+// What an array takes on the device: element bytes x width x height x depth (layers included in
+// depth); the H200 charged whole 2 MiB pages (256 MiB for 8192x8192 floats, 4 MiB for 1000x1000).
+size_t level_bytes(const CUDA_ARRAY3D_DESCRIPTOR& d) {
+    return elem_bytes(d.Format, d.NumChannels) * d.Width * std::max<size_t>(d.Height, 1) *
+           std::max<size_t>(d.Depth, 1);
+}
+
+bool unbacked(const CUDA_ARRAY3D_DESCRIPTOR& d) {
+    return (d.Flags & (CUDA_ARRAY3D_SPARSE | CUDA_ARRAY3D_DEFERRED_MAPPING)) != 0;
+}
+
+CUresult charge_locked(int dev, size_t bytes) {
+    if (injected_failure()) return CUDA_ERROR_OUT_OF_MEMORY;
+    Device& d = g_st->devs[static_cast<size_t>(dev)];
+    if (bytes > d.total || d.used + bytes > d.total) return CUDA_ERROR_OUT_OF_MEMORY;
+    d.used += bytes;
+    return CUDA_SUCCESS;
+}
+
+CUresult array_create(CUarray* h, const CUDA_ARRAY3D_DESCRIPTOR& d) {
+    if (h == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    Context* c = nullptr;
+    if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
+    if (CUresult r = check_desc(d); r != CUDA_SUCCESS) return r;
+    size_t bytes = unbacked(d) ? 0 : round_up(level_bytes(d), kGranularity);
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (CUresult r = charge_locked(c->dev, bytes); r != CUDA_SUCCESS) return r;
+    auto a = std::make_unique<Array>();
+    a->desc = d;
+    a->charged = bytes;
+    a->dev = c->dev;
+    a->ctx = c;
+    *h = reinterpret_cast<CUarray>(a.get());
+    g_st->arrays[a.get()] = std::move(a);
+    return CUDA_SUCCESS;
+}
+
+// Level l of a mipmapped array: each dimension halves, down to 1 (layers do not).
+CUDA_ARRAY3D_DESCRIPTOR level_desc(const CUDA_ARRAY3D_DESCRIPTOR& d, unsigned l) {
+    CUDA_ARRAY3D_DESCRIPTOR r = d;
+    auto half = [l](size_t v) { return v == 0 ? size_t{0} : std::max<size_t>(v >> l, 1); };
+    r.Width = half(d.Width);
+    r.Height = half(d.Height);
+    if (!(d.Flags & CUDA_ARRAY3D_LAYERED)) r.Depth = half(d.Depth);
+    return r;
 }
 
 }  // namespace
@@ -1183,6 +1997,12 @@ CUresult cuCtxSynchronize(void) {
     Context* c = nullptr;
     if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
     std::unique_lock<std::mutex> lk(g_mu);
+    // As measured: refused during any capture in the context, whatever the modes (and unsafe).
+    auto v = prohibitors_locked();
+    for (auto& cap : g_st->captures)
+        if (cap->ctx == c) v.push_back(cap);
+    for (auto& cap : v) cap->invalidated = true;
+    if (!v.empty()) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     sync_ctx_locked(lk, c);
     return CUDA_SUCCESS;
 }
@@ -1201,6 +2021,7 @@ CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
     if (dptr == nullptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     Context* c = nullptr;
     if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
+    if (CUresult r = unsafe_call(); r != CUDA_SUCCESS) return r;
     latency();
     return alloc_mem(c, bytesize, KIND_DEVICE, nullptr, dptr);
 }
@@ -1214,6 +2035,7 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pPitch, size_t WidthInByt
     if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) return CUDA_ERROR_INVALID_VALUE;
     Context* c = nullptr;
     if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
+    if (CUresult r = unsafe_call(); r != CUDA_SUCCESS) return r;
     latency();
     size_t pitch = round_up(WidthInBytes, kPitchAlign);
     CUresult r = alloc_mem(c, pitch * Height, KIND_PITCH, nullptr, dptr);
@@ -1227,6 +2049,7 @@ CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flag
     if (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST) return CUDA_ERROR_INVALID_VALUE;
     Context* c = nullptr;
     if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
+    if (CUresult r = unsafe_call(); r != CUDA_SUCCESS) return r;
     latency();
     return alloc_mem(c, bytesize, KIND_MANAGED, nullptr, dptr);
 }
@@ -1687,7 +2510,9 @@ CUresult cuStreamDestroy_v2(CUstream hStream) {
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = g_st->streams.find(hStream);
     if (it == g_st->streams.end()) return CUDA_ERROR_INVALID_HANDLE;
-    // As the real driver: returns at once; queued work still runs, then the stream goes away.
+    stream_leaves_capture_locked(it->second);
+    // As the real driver: returns at once; queued work still runs, then the stream goes away (the
+    // legacy stream still waits for a destroyed blocking stream's work, cuMemFree for any).
     it->second->destroyed = true;
     g_st->streams.erase(it);
     g_cv.notify_all();
@@ -1707,8 +2532,12 @@ CUresult cuStreamGetCtx(CUstream hStream, CUcontext* pctx) { return stream_ctx(h
 CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext* pctx) { return stream_ctx(hStream, pctx, true); }
 CUresult cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void* userData) { return host_func(hStream, fn, userData, false); }
 CUresult cuLaunchHostFunc_ptsz(CUstream hStream, CUhostFn fn, void* userData) { return host_func(hStream, fn, userData, true); }
-CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int) { return stream_wait_event(hStream, hEvent, false); }
-CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int) { return stream_wait_event(hStream, hEvent, true); }
+CUresult cuStreamWaitEvent(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    return stream_wait_event(hStream, hEvent, Flags, false);
+}
+CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsigned int Flags) {
+    return stream_wait_event(hStream, hEvent, Flags, true);
+}
 
 // ---------------------------------------------------------------- events
 
@@ -1731,9 +2560,11 @@ CUresult cuEventRecord_ptsz(CUevent hEvent, CUstream hStream) { return event_rec
 CUresult cuEventQuery(CUevent hEvent) {
     CHECK_INIT();
     std::lock_guard<std::mutex> lk(g_mu);
+    if (CUresult r = unsafe_locked(); r != CUDA_SUCCESS) return r;
     auto it = g_st->events.find(hEvent);
     if (it == g_st->events.end()) return CUDA_ERROR_INVALID_HANDLE;
     Event& e = *it->second;
+    if (captured_event_locked(e)) return CUDA_ERROR_CAPTURED_EVENT;
     if (!e.recorded || !e.s) return CUDA_SUCCESS;
     return e.s->completed >= e.seq ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -1741,9 +2572,11 @@ CUresult cuEventQuery(CUevent hEvent) {
 CUresult cuEventSynchronize(CUevent hEvent) {
     CHECK_INIT();
     std::unique_lock<std::mutex> lk(g_mu);
+    if (CUresult r = unsafe_locked(); r != CUDA_SUCCESS) return r;
     auto it = g_st->events.find(hEvent);
     if (it == g_st->events.end()) return CUDA_ERROR_INVALID_HANDLE;
     std::shared_ptr<Event> e = it->second;
+    if (captured_event_locked(*e)) return CUDA_ERROR_CAPTURED_EVENT;
     if (!e->recorded || !e->s) return CUDA_SUCCESS;
     wait_seq_locked(lk, e->s, e->seq);
     return CUDA_SUCCESS;
@@ -1932,6 +2765,405 @@ CUresult cuIpcCloseMemHandle(CUdeviceptr dptr) {
     return CUDA_SUCCESS;
 }
 
+// ---------------------------------------------------------------- stream capture
+
+CUresult cuStreamBeginCapture(CUstream hStream) {  // v1: no mode argument, global
+    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, false, nullptr, nullptr, 0);
+}
+CUresult cuStreamBeginCapture_ptsz(CUstream hStream) {
+    return begin_capture(hStream, CU_STREAM_CAPTURE_MODE_GLOBAL, true, nullptr, nullptr, 0);
+}
+CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+    return begin_capture(hStream, mode, false, nullptr, nullptr, 0);
+}
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
+    return begin_capture(hStream, mode, true, nullptr, nullptr, 0);
+}
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
+                                     const CUgraphEdgeData*, size_t numDependencies, CUstreamCaptureMode mode) {
+    if (hGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(hStream, mode, false, hGraph, dependencies, numDependencies);
+}
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
+                                          const CUgraphEdgeData*, size_t numDependencies, CUstreamCaptureMode mode) {
+    if (hGraph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return begin_capture(hStream, mode, true, hGraph, dependencies, numDependencies);
+}
+CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) { return end_capture(hStream, phGraph, false); }
+CUresult cuStreamEndCapture_ptsz(CUstream hStream, CUgraph* phGraph) { return end_capture(hStream, phGraph, true); }
+CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+    return capture_info(hStream, false, captureStatus, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+CUresult cuStreamIsCapturing_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus) {
+    return capture_info(hStream, true, captureStatus, nullptr, nullptr, nullptr, nullptr, nullptr);
+}
+CUresult cuStreamGetCaptureInfo(CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* id_out) {
+    return capture_info(hStream, false, captureStatus_out, id_out, nullptr, nullptr, nullptr, nullptr);
+}
+CUresult cuStreamGetCaptureInfo_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* id_out) {
+    return capture_info(hStream, true, captureStatus_out, id_out, nullptr, nullptr, nullptr, nullptr);
+}
+CUresult cuStreamGetCaptureInfo_v2(CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* id_out,
+                                   CUgraph* graph_out, const CUgraphNode** dependencies_out,
+                                   size_t* numDependencies_out) {
+    return capture_info(hStream, false, captureStatus_out, id_out, graph_out, dependencies_out, nullptr,
+                        numDependencies_out);
+}
+CUresult cuStreamGetCaptureInfo_v2_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* id_out,
+                                        CUgraph* graph_out, const CUgraphNode** dependencies_out,
+                                        size_t* numDependencies_out) {
+    return capture_info(hStream, true, captureStatus_out, id_out, graph_out, dependencies_out, nullptr,
+                        numDependencies_out);
+}
+CUresult cuStreamGetCaptureInfo_v3(CUstream hStream, CUstreamCaptureStatus* captureStatus_out, cuuint64_t* id_out,
+                                   CUgraph* graph_out, const CUgraphNode** dependencies_out,
+                                   const CUgraphEdgeData** edgeData_out, size_t* numDependencies_out) {
+    if (edgeData_out && !dependencies_out) return CUDA_ERROR_INVALID_VALUE;
+    return capture_info(hStream, false, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+                        numDependencies_out);
+}
+CUresult cuStreamGetCaptureInfo_v3_ptsz(CUstream hStream, CUstreamCaptureStatus* captureStatus_out,
+                                        cuuint64_t* id_out, CUgraph* graph_out,
+                                        const CUgraphNode** dependencies_out, const CUgraphEdgeData** edgeData_out,
+                                        size_t* numDependencies_out) {
+    if (edgeData_out && !dependencies_out) return CUDA_ERROR_INVALID_VALUE;
+    return capture_info(hStream, true, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+                        numDependencies_out);
+}
+
+CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode* mode) {
+    CHECK_INIT();
+    if (mode == nullptr || !valid_mode(*mode)) return CUDA_ERROR_INVALID_VALUE;
+    std::swap(*mode, tl_capture_mode);
+    return CUDA_SUCCESS;
+}
+
+// ---------------------------------------------------------------- graphs
+
+CUresult cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
+    CHECK_INIT();
+    if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    *phGraph = reinterpret_cast<CUgraph>(new_graph_locked());
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphDestroy(CUgraph hGraph) {
+    CHECK_INIT();
+    std::lock_guard<std::mutex> lk(g_mu);
+    Graph* g = find_graph_locked(hGraph);
+    if (g == nullptr || g->capture) return CUDA_ERROR_INVALID_VALUE;
+    destroy_graph_locked(g);  // executable graphs made from it live on
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphGetNodes(CUgraph hGraph, CUgraphNode* nodes, size_t* numNodes) {
+    CHECK_INIT();
+    if (numNodes == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Graph* g = find_graph_locked(hGraph);
+    if (g == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (nodes == nullptr) {
+        *numNodes = g->nodes.size();
+        return CUDA_SUCCESS;
+    }
+    size_t n = std::min(*numNodes, g->nodes.size());
+    for (size_t i = 0; i < *numNodes; ++i) nodes[i] = i < n ? reinterpret_cast<CUgraphNode>(g->nodes[i].get()) : nullptr;
+    *numNodes = n;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphNodeGetType(CUgraphNode hNode, CUgraphNodeType* type) {
+    CHECK_INIT();
+    if (type == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_st->nodes.find(hNode);
+    if (it == g_st->nodes.end()) return CUDA_ERROR_INVALID_VALUE;
+    *type = it->second->type;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphAddHostNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
+                            size_t numDependencies, const CUDA_HOST_NODE_PARAMS* nodeParams) {
+    CHECK_INIT();
+    if (phGraphNode == nullptr || nodeParams == nullptr || nodeParams->fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Graph* g = find_graph_locked(hGraph);
+    std::vector<Node*> deps;
+    if (g == nullptr || !nodes_of_locked(g, dependencies, numDependencies, &deps)) return CUDA_ERROR_INVALID_VALUE;
+    CUhostFn fn = nodeParams->fn;
+    void* user = nodeParams->userData;
+    *phGraphNode = reinterpret_cast<CUgraphNode>(
+        add_node_locked(g, CU_GRAPH_NODE_TYPE_HOST, [fn, user] { fn(user); }, std::move(deps)));
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphAddMemAllocNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
+                                size_t numDependencies, CUDA_MEM_ALLOC_NODE_PARAMS* nodeParams) {
+    CHECK_INIT();
+    if (phGraphNode == nullptr || nodeParams == nullptr || nodeParams->bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
+    const CUmemPoolProps& pp = nodeParams->poolProps;
+    if (pp.allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pp.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        check_dev(pp.location.id) != CUDA_SUCCESS || pp.handleTypes != CU_MEM_HANDLE_TYPE_NONE ||
+        nodeParams->accessDescCount > g_st->devs.size() || (nodeParams->accessDescCount && !nodeParams->accessDescs))
+        return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Graph* g = find_graph_locked(hGraph);
+    std::vector<Node*> deps;
+    if (g == nullptr || !nodes_of_locked(g, dependencies, numDependencies, &deps)) return CUDA_ERROR_INVALID_VALUE;
+    Node* n = add_alloc_node_locked(g, std::move(deps), nodeParams->bytesize, pp.location.id);
+    if (n == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    n->alloc_params.poolProps = pp;
+    n->access.assign(nodeParams->accessDescs, nodeParams->accessDescs + nodeParams->accessDescCount);
+    n->alloc_params.accessDescs = n->access.empty() ? nullptr : n->access.data();
+    n->alloc_params.accessDescCount = n->access.size();
+    nodeParams->dptr = n->alloc_params.dptr;
+    *phGraphNode = reinterpret_cast<CUgraphNode>(n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphMemAllocNodeGetParams(CUgraphNode hNode, CUDA_MEM_ALLOC_NODE_PARAMS* params_out) {
+    CHECK_INIT();
+    if (params_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_st->nodes.find(hNode);
+    if (it == g_st->nodes.end() || it->second->type != CU_GRAPH_NODE_TYPE_MEM_ALLOC) return CUDA_ERROR_INVALID_VALUE;
+    *params_out = it->second->alloc_params;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphAddMemFreeNode(CUgraphNode* phGraphNode, CUgraph hGraph, const CUgraphNode* dependencies,
+                               size_t numDependencies, CUdeviceptr dptr) {
+    CHECK_INIT();
+    if (phGraphNode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Graph* g = find_graph_locked(hGraph);
+    std::vector<Node*> deps;
+    if (g == nullptr || !nodes_of_locked(g, dependencies, numDependencies, &deps)) return CUDA_ERROR_INVALID_VALUE;
+    Node* n = nullptr;
+    if (CUresult r = add_free_node_locked(g, std::move(deps), dptr, &n); r != CUDA_SUCCESS) return r;
+    *phGraphNode = reinterpret_cast<CUgraphNode>(n);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphMemFreeNodeGetParams(CUgraphNode hNode, CUdeviceptr* dptr_out) {
+    CHECK_INIT();
+    if (dptr_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_st->nodes.find(hNode);
+    if (it == g_st->nodes.end() || it->second->type != CU_GRAPH_NODE_TYPE_MEM_FREE) return CUDA_ERROR_INVALID_VALUE;
+    *dptr_out = static_cast<CUdeviceptr>(it->second->ga->va);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuGraphInstantiateWithFlags(CUgraphExec* phGraphExec, CUgraph hGraph, unsigned long long flags) {
+    return instantiate(phGraphExec, hGraph, flags);
+}
+
+// The CUDA 10/11 forms (error node and log buffer).
+CUresult cuGraphInstantiate(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer,
+                            size_t bufferSize) {
+    if (phErrorNode) *phErrorNode = nullptr;
+    if (logBuffer && bufferSize) logBuffer[0] = '\0';
+    return instantiate(phGraphExec, hGraph, 0);
+}
+CUresult cuGraphInstantiate_v2(CUgraphExec* phGraphExec, CUgraph hGraph, CUgraphNode* phErrorNode, char* logBuffer,
+                               size_t bufferSize) {
+    return cuGraphInstantiate(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+}
+
+static CUresult instantiate_with_params(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* p,
+                                        bool ptsz) {
+    if (p == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    p->hErrNode_out = nullptr;
+    CUresult r = instantiate(phGraphExec, hGraph, p->flags);
+    if (r == CUDA_SUCCESS && (p->flags & CUDA_GRAPH_INSTANTIATE_FLAG_UPLOAD)) {
+        r = graph_upload(*phGraphExec, p->hUploadStream, ptsz);
+        if (r != CUDA_SUCCESS) exec_destroy(*phGraphExec);
+    }
+    p->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+    return r;
+}
+CUresult cuGraphInstantiateWithParams(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+    return instantiate_with_params(phGraphExec, hGraph, p, false);
+}
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* phGraphExec, CUgraph hGraph, CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+    return instantiate_with_params(phGraphExec, hGraph, p, true);
+}
+
+CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) { return exec_destroy(hGraphExec); }
+CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) { return graph_launch(hGraphExec, hStream, false); }
+CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) { return graph_launch(hGraphExec, hStream, true); }
+CUresult cuGraphUpload(CUgraphExec hGraphExec, CUstream hStream) { return graph_upload(hGraphExec, hStream, false); }
+CUresult cuGraphUpload_ptsz(CUgraphExec hGraphExec, CUstream hStream) { return graph_upload(hGraphExec, hStream, true); }
+
+// ---------------------------------------------------------------- graph memory
+
+CUresult cuDeviceGraphMemTrim(CUdevice device) {
+    CHECK_INIT();
+    if (CUresult r = check_dev(device); r != CUDA_SUCCESS) return r;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Device& d = g_st->devs[static_cast<size_t>(device)];
+    // Memory of allocations that are neither live nor in a graph that is running goes back.
+    for (size_t i = 0; i < d.gp_mapped.size();) {
+        GraphAlloc* ga = d.gp_mapped[i];
+        if (ga->live || exec_running_locked(ga->exec)) {
+            ++i;
+            continue;
+        }
+        madvise(reinterpret_cast<void*>(ga->va), ga->map_size, MADV_DONTNEED);  // contents are gone
+        unmap_galloc_locked(ga);
+    }
+    d.used -= d.gp_reserved - d.gp_used;
+    d.gp_reserved = d.gp_used;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
+    CHECK_INIT();
+    if (CUresult r = check_dev(device); r != CUDA_SUCCESS) return r;
+    if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    const Device& d = g_st->devs[static_cast<size_t>(device)];
+    cuuint64_t v = 0;
+    switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: v = d.gp_used; break;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: v = d.gp_used_high; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: v = d.gp_reserved; break;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: v = d.gp_reserved_high; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    *static_cast<cuuint64_t*>(value) = v;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceSetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
+    CHECK_INIT();
+    if (CUresult r = check_dev(device); r != CUDA_SUCCESS) return r;
+    if (value == nullptr || *static_cast<cuuint64_t*>(value) != 0) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    Device& d = g_st->devs[static_cast<size_t>(device)];
+    switch (attr) {  // a high watermark can only be reset (to the current value)
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: d.gp_used_high = d.gp_used; return CUDA_SUCCESS;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: d.gp_reserved_high = d.gp_reserved; return CUDA_SUCCESS;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+}
+
+// ---------------------------------------------------------------- arrays (memory is charged, holds no data)
+
+CUresult cuArrayCreate_v2(CUarray* pHandle, const CUDA_ARRAY_DESCRIPTOR* pAllocateArray) {
+    CHECK_INIT();
+    if (pAllocateArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    d.Width = pAllocateArray->Width;
+    d.Height = pAllocateArray->Height;
+    d.Format = pAllocateArray->Format;
+    d.NumChannels = pAllocateArray->NumChannels;
+    return array_create(pHandle, d);
+}
+
+CUresult cuArray3DCreate_v2(CUarray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pAllocateArray) {
+    CHECK_INIT();
+    if (pAllocateArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return array_create(pHandle, *pAllocateArray);
+}
+
+CUresult cuArrayDestroy(CUarray hArray) {
+    CHECK_INIT();
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_st->arrays.find(hArray);
+    if (it == g_st->arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (it->second->level) return CUDA_ERROR_INVALID_VALUE;  // owned by its mipmapped array
+    g_st->devs[static_cast<size_t>(it->second->dev)].used -= it->second->charged;
+    g_st->arrays.erase(it);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuArrayGetDescriptor_v2(CUDA_ARRAY_DESCRIPTOR* pArrayDescriptor, CUarray hArray) {
+    CHECK_INIT();
+    if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_st->arrays.find(hArray);
+    if (it == g_st->arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
+    const CUDA_ARRAY3D_DESCRIPTOR& d = it->second->desc;
+    pArrayDescriptor->Width = d.Width;
+    pArrayDescriptor->Height = d.Height;
+    pArrayDescriptor->Format = d.Format;
+    pArrayDescriptor->NumChannels = d.NumChannels;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuArray3DGetDescriptor_v2(CUDA_ARRAY3D_DESCRIPTOR* pArrayDescriptor, CUarray hArray) {
+    CHECK_INIT();
+    if (pArrayDescriptor == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_st->arrays.find(hArray);
+    if (it == g_st->arrays.end()) return CUDA_ERROR_INVALID_HANDLE;
+    *pArrayDescriptor = it->second->desc;
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMipmappedArrayCreate(CUmipmappedArray* pHandle, const CUDA_ARRAY3D_DESCRIPTOR* pMipmappedArrayDesc,
+                                unsigned int numMipmapLevels) {
+    CHECK_INIT();
+    if (pHandle == nullptr || pMipmappedArrayDesc == nullptr || numMipmapLevels == 0) return CUDA_ERROR_INVALID_VALUE;
+    Context* c = nullptr;
+    if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
+    const CUDA_ARRAY3D_DESCRIPTOR& d = *pMipmappedArrayDesc;
+    if (CUresult r = check_desc(d); r != CUDA_SUCCESS) return r;
+    size_t extent = std::max<size_t>(d.Width, d.Height);
+    if (!(d.Flags & CUDA_ARRAY3D_LAYERED)) extent = std::max<size_t>(extent, d.Depth);
+    unsigned max_levels = 1;
+    while ((extent >> max_levels) > 0) ++max_levels;
+    if (numMipmapLevels > max_levels) return CUDA_ERROR_INVALID_VALUE;
+    size_t bytes = 0;  // the sum over levels
+    for (unsigned l = 0; l < numMipmapLevels; ++l) bytes += level_bytes(level_desc(d, l));
+    bytes = unbacked(d) ? 0 : round_up(bytes, kGranularity);
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (CUresult r = charge_locked(c->dev, bytes); r != CUDA_SUCCESS) return r;
+    auto m = std::make_unique<Mipmap>();
+    m->desc = d;
+    m->levels = numMipmapLevels;
+    m->charged = bytes;
+    m->dev = c->dev;
+    m->ctx = c;
+    for (unsigned l = 0; l < numMipmapLevels; ++l) {
+        auto a = std::make_unique<Array>();
+        a->desc = level_desc(d, l);
+        a->dev = c->dev;
+        a->ctx = c;
+        a->level = true;
+        m->level_arrays.push_back(a.get());
+        g_st->arrays[a.get()] = std::move(a);
+    }
+    *pHandle = reinterpret_cast<CUmipmappedArray>(m.get());
+    g_st->mipmaps[m.get()] = std::move(m);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMipmappedArrayGetLevel(CUarray* pLevelArray, CUmipmappedArray hMipmappedArray, unsigned int level) {
+    CHECK_INIT();
+    if (pLevelArray == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_st->mipmaps.find(hMipmappedArray);
+    if (it == g_st->mipmaps.end()) return CUDA_ERROR_INVALID_HANDLE;
+    if (level >= it->second->levels) return CUDA_ERROR_INVALID_VALUE;
+    *pLevelArray = reinterpret_cast<CUarray>(it->second->level_arrays[level]);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray hMipmappedArray) {
+    CHECK_INIT();
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = g_st->mipmaps.find(hMipmappedArray);
+    if (it == g_st->mipmaps.end()) return CUDA_ERROR_INVALID_HANDLE;
+    g_st->devs[static_cast<size_t>(it->second->dev)].used -= it->second->charged;
+    for (Array* a : it->second->level_arrays) g_st->arrays.erase(a);
+    g_st->mipmaps.erase(it);
+    return CUDA_SUCCESS;
+}
+
 // ---------------------------------------------------------------- errors
 
 CUresult cuGetErrorName(CUresult error, const char** pStr);
@@ -1959,6 +3191,23 @@ constexpr ErrInfo kErrors[] = {
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_ILLEGAL_STATE, "CUDA_ERROR_ILLEGAL_STATE", "the operation cannot be performed in the present state"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+     "operation not permitted when stream is capturing"},
+    {CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED",
+     "operation failed due to a previous error during capture"},
+    {CUDA_ERROR_STREAM_CAPTURE_MERGE, "CUDA_ERROR_STREAM_CAPTURE_MERGE",
+     "operation would result in a merge of separate capture sequences"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED", "capture was not ended in the same stream as it began"},
+    {CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "capturing stream has unjoined work"},
+    {CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+     "dependency created on uncaptured work in another stream"},
+    {CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {CUDA_ERROR_CAPTURED_EVENT, "CUDA_ERROR_CAPTURED_EVENT",
+     "operation not permitted on an event last recorded in a capturing stream"},
+    {CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 }  // namespace
@@ -2119,6 +3368,44 @@ const ProcEntry kProcTable[] = {
     P("cuIpcOpenMemHandle", 4010, cuIpcOpenMemHandle),
     P("cuIpcOpenMemHandle", 11000, cuIpcOpenMemHandle_v2),
     P("cuIpcCloseMemHandle", 4010, cuIpcCloseMemHandle),
+    PT("cuStreamBeginCapture", 10000, cuStreamBeginCapture, cuStreamBeginCapture_ptsz),
+    PT("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz),
+    PT("cuStreamBeginCaptureToGraph", 12030, cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz),
+    PT("cuStreamEndCapture", 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz),
+    PT("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz),
+    PT("cuStreamGetCaptureInfo", 10010, cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_ptsz),
+    PT("cuStreamGetCaptureInfo", 11030, cuStreamGetCaptureInfo_v2, cuStreamGetCaptureInfo_v2_ptsz),
+    PT("cuStreamGetCaptureInfo", 12030, cuStreamGetCaptureInfo_v3, cuStreamGetCaptureInfo_v3_ptsz),
+    P("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode),
+    P("cuGraphCreate", 10000, cuGraphCreate),
+    P("cuGraphDestroy", 10000, cuGraphDestroy),
+    P("cuGraphGetNodes", 10000, cuGraphGetNodes),
+    P("cuGraphNodeGetType", 10000, cuGraphNodeGetType),
+    P("cuGraphAddHostNode", 10000, cuGraphAddHostNode),
+    P("cuGraphAddMemAllocNode", 11040, cuGraphAddMemAllocNode),
+    P("cuGraphMemAllocNodeGetParams", 11040, cuGraphMemAllocNodeGetParams),
+    P("cuGraphAddMemFreeNode", 11040, cuGraphAddMemFreeNode),
+    P("cuGraphMemFreeNodeGetParams", 11040, cuGraphMemFreeNodeGetParams),
+    // as cuda.h's #define cuGraphInstantiate cuGraphInstantiateWithFlags from CUDA 12
+    P("cuGraphInstantiate", 10000, cuGraphInstantiate),
+    P("cuGraphInstantiate", 11000, cuGraphInstantiate_v2),
+    P("cuGraphInstantiate", 12000, cuGraphInstantiateWithFlags),
+    P("cuGraphInstantiateWithFlags", 11040, cuGraphInstantiateWithFlags),
+    PT("cuGraphInstantiateWithParams", 12000, cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz),
+    P("cuGraphExecDestroy", 10000, cuGraphExecDestroy),
+    PT("cuGraphLaunch", 10000, cuGraphLaunch, cuGraphLaunch_ptsz),
+    PT("cuGraphUpload", 11010, cuGraphUpload, cuGraphUpload_ptsz),
+    P("cuDeviceGraphMemTrim", 11040, cuDeviceGraphMemTrim),
+    P("cuDeviceGetGraphMemAttribute", 11040, cuDeviceGetGraphMemAttribute),
+    P("cuDeviceSetGraphMemAttribute", 11040, cuDeviceSetGraphMemAttribute),
+    P("cuArrayCreate", 3020, cuArrayCreate_v2),
+    P("cuArray3DCreate", 3020, cuArray3DCreate_v2),
+    P("cuArrayDestroy", 2000, cuArrayDestroy),
+    P("cuArrayGetDescriptor", 3020, cuArrayGetDescriptor_v2),
+    P("cuArray3DGetDescriptor", 3020, cuArray3DGetDescriptor_v2),
+    P("cuMipmappedArrayCreate", 5000, cuMipmappedArrayCreate),
+    P("cuMipmappedArrayGetLevel", 5000, cuMipmappedArrayGetLevel),
+    P("cuMipmappedArrayDestroy", 5000, cuMipmappedArrayDestroy),
 };
 #undef P
 #undef PT

@@ -13,6 +13,7 @@
 #include <cuda.h>
 
 #include <array>
+#include <cstddef>
 #include <cstring>
 #include <mutex>
 
@@ -69,6 +70,34 @@ struct Drv {
     decltype(&cuMemHostAlloc) MemHostAlloc;
     decltype(&cuMemFreeHost) MemFreeHost;
     decltype(&cuDeviceGetAttribute) DeviceGetAttribute;
+    decltype(&cuStreamBeginCapture_v2) StreamBeginCapture;
+    decltype(&cuStreamBeginCaptureToGraph) StreamBeginCaptureToGraph;
+    decltype(&cuStreamEndCapture) StreamEndCapture;
+    decltype(&cuStreamIsCapturing) StreamIsCapturing;
+    decltype(&cuStreamGetCaptureInfo_v3) StreamGetCaptureInfo;
+    decltype(&cuThreadExchangeStreamCaptureMode) ThreadExchangeStreamCaptureMode;
+    decltype(&cuGraphCreate) GraphCreate;
+    decltype(&cuGraphDestroy) GraphDestroy;
+    decltype(&cuGraphGetNodes) GraphGetNodes;
+    decltype(&cuGraphNodeGetType) GraphNodeGetType;
+    decltype(&cuGraphAddHostNode) GraphAddHostNode;
+    decltype(&cuGraphAddMemAllocNode) GraphAddMemAllocNode;
+    decltype(&cuGraphMemAllocNodeGetParams) GraphMemAllocNodeGetParams;
+    decltype(&cuGraphAddMemFreeNode) GraphAddMemFreeNode;
+    decltype(&cuGraphInstantiateWithFlags) GraphInstantiateWithFlags;
+    decltype(&cuGraphInstantiateWithParams) GraphInstantiateWithParams;
+    decltype(&cuGraphExecDestroy) GraphExecDestroy;
+    decltype(&cuGraphLaunch) GraphLaunch;
+    decltype(&cuGraphUpload) GraphUpload;
+    decltype(&cuDeviceGraphMemTrim) DeviceGraphMemTrim;
+    decltype(&cuDeviceGetGraphMemAttribute) DeviceGetGraphMemAttribute;
+    decltype(&cuDeviceSetGraphMemAttribute) DeviceSetGraphMemAttribute;
+    decltype(&cuArray3DCreate_v2) Array3DCreate;
+    decltype(&cuArrayDestroy) ArrayDestroy;
+    decltype(&cuArray3DGetDescriptor_v2) Array3DGetDescriptor;
+    decltype(&cuMipmappedArrayCreate) MipmappedArrayCreate;
+    decltype(&cuMipmappedArrayGetLevel) MipmappedArrayGetLevel;
+    decltype(&cuMipmappedArrayDestroy) MipmappedArrayDestroy;
 };
 
 Drv g_drv[2];
@@ -95,6 +124,16 @@ cudaError_t map_err(CUresult r) {
     case CUDA_ERROR_NOT_FOUND: return cudaErrorSymbolNotFound;
     case CUDA_ERROR_NOT_READY: return cudaErrorNotReady;
     case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
+    case CUDA_ERROR_ILLEGAL_STATE: return cudaErrorIllegalState;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: return cudaErrorStreamCaptureUnsupported;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: return cudaErrorStreamCaptureInvalidated;
+    case CUDA_ERROR_STREAM_CAPTURE_MERGE: return cudaErrorStreamCaptureMerge;
+    case CUDA_ERROR_STREAM_CAPTURE_UNMATCHED: return cudaErrorStreamCaptureUnmatched;
+    case CUDA_ERROR_STREAM_CAPTURE_UNJOINED: return cudaErrorStreamCaptureUnjoined;
+    case CUDA_ERROR_STREAM_CAPTURE_ISOLATION: return cudaErrorStreamCaptureIsolation;
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: return cudaErrorStreamCaptureImplicit;
+    case CUDA_ERROR_CAPTURED_EVENT: return cudaErrorCapturedEvent;
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: return cudaErrorStreamCaptureWrongThread;
     default: return cudaErrorUnknown;
     }
 }
@@ -161,6 +200,34 @@ bool fetch_all(Drv& d, cuuint64_t fl) {
     ok &= fetch(d.MemHostAlloc, "cuMemHostAlloc", fl);
     ok &= fetch(d.MemFreeHost, "cuMemFreeHost", fl);
     ok &= fetch(d.DeviceGetAttribute, "cuDeviceGetAttribute", fl);
+    ok &= fetch(d.StreamBeginCapture, "cuStreamBeginCapture", fl);
+    ok &= fetch(d.StreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", fl);
+    ok &= fetch(d.StreamEndCapture, "cuStreamEndCapture", fl);
+    ok &= fetch(d.StreamIsCapturing, "cuStreamIsCapturing", fl);
+    ok &= fetch(d.StreamGetCaptureInfo, "cuStreamGetCaptureInfo", fl);
+    ok &= fetch(d.ThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode", fl);
+    ok &= fetch(d.GraphCreate, "cuGraphCreate", fl);
+    ok &= fetch(d.GraphDestroy, "cuGraphDestroy", fl);
+    ok &= fetch(d.GraphGetNodes, "cuGraphGetNodes", fl);
+    ok &= fetch(d.GraphNodeGetType, "cuGraphNodeGetType", fl);
+    ok &= fetch(d.GraphAddHostNode, "cuGraphAddHostNode", fl);
+    ok &= fetch(d.GraphAddMemAllocNode, "cuGraphAddMemAllocNode", fl);
+    ok &= fetch(d.GraphMemAllocNodeGetParams, "cuGraphMemAllocNodeGetParams", fl);
+    ok &= fetch(d.GraphAddMemFreeNode, "cuGraphAddMemFreeNode", fl);
+    ok &= fetch(d.GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", fl);
+    ok &= fetch(d.GraphInstantiateWithParams, "cuGraphInstantiateWithParams", fl);
+    ok &= fetch(d.GraphExecDestroy, "cuGraphExecDestroy", fl);
+    ok &= fetch(d.GraphLaunch, "cuGraphLaunch", fl);
+    ok &= fetch(d.GraphUpload, "cuGraphUpload", fl);
+    ok &= fetch(d.DeviceGraphMemTrim, "cuDeviceGraphMemTrim", fl);
+    ok &= fetch(d.DeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute", fl);
+    ok &= fetch(d.DeviceSetGraphMemAttribute, "cuDeviceSetGraphMemAttribute", fl);
+    ok &= fetch(d.Array3DCreate, "cuArray3DCreate", fl);
+    ok &= fetch(d.ArrayDestroy, "cuArrayDestroy", fl);
+    ok &= fetch(d.Array3DGetDescriptor, "cuArray3DGetDescriptor", fl);
+    ok &= fetch(d.MipmappedArrayCreate, "cuMipmappedArrayCreate", fl);
+    ok &= fetch(d.MipmappedArrayGetLevel, "cuMipmappedArrayGetLevel", fl);
+    ok &= fetch(d.MipmappedArrayDestroy, "cuMipmappedArrayDestroy", fl);
     return ok;
 }
 
@@ -288,6 +355,104 @@ cudaError_t entry_point(const char* symbol, void** funcPtr, unsigned int version
     if (r == CUDA_SUCCESS) return cudaSuccess;
     if (r == CUDA_ERROR_NOT_FOUND) return status ? cudaSuccess : ret(cudaErrorSymbolNotFound);
     return ret(r);
+}
+
+// The runtime's graph and capture types are the driver's, as in the real runtime.
+static_assert(sizeof(cudaMemAllocNodeParams) == sizeof(CUDA_MEM_ALLOC_NODE_PARAMS));
+static_assert(offsetof(cudaMemAllocNodeParams, dptr) == offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, dptr));
+static_assert(sizeof(cudaHostNodeParams) == sizeof(CUDA_HOST_NODE_PARAMS));
+static_assert(sizeof(cudaGraphInstantiateParams) == sizeof(CUDA_GRAPH_INSTANTIATE_PARAMS));
+static_assert(sizeof(cudaGraphEdgeData) == sizeof(CUgraphEdgeData));
+static_assert(static_cast<int>(cudaGraphNodeTypeMemAlloc) == CU_GRAPH_NODE_TYPE_MEM_ALLOC);
+static_assert(static_cast<int>(cudaGraphMemAttrReservedMemHigh) == CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH);
+static_assert(static_cast<int>(cudaStreamCaptureModeRelaxed) == CU_STREAM_CAPTURE_MODE_RELAXED);
+static_assert(static_cast<int>(cudaStreamCaptureStatusInvalidated) == CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+
+CUgraph cg(cudaGraph_t g) { return reinterpret_cast<CUgraph>(g); }
+CUgraphExec cx(cudaGraphExec_t g) { return reinterpret_cast<CUgraphExec>(g); }
+const CUgraphNode* cn(const cudaGraphNode_t* n) { return reinterpret_cast<const CUgraphNode*>(n); }
+
+cudaError_t begin_capture(cudaStream_t s, cudaStreamCaptureMode mode, bool pt) {
+    ENSURE();
+    return ret(D(pt).StreamBeginCapture(cs(s), static_cast<CUstreamCaptureMode>(mode)));
+}
+
+cudaError_t begin_capture_to_graph(cudaStream_t s, cudaGraph_t g, const cudaGraphNode_t* deps,
+                                   const cudaGraphEdgeData* edges, size_t n, cudaStreamCaptureMode mode, bool pt) {
+    ENSURE();
+    return ret(D(pt).StreamBeginCaptureToGraph(cs(s), cg(g), cn(deps), reinterpret_cast<const CUgraphEdgeData*>(edges),
+                                               n, static_cast<CUstreamCaptureMode>(mode)));
+}
+
+cudaError_t end_capture(cudaStream_t s, cudaGraph_t* g, bool pt) {
+    ENSURE();
+    return ret(D(pt).StreamEndCapture(cs(s), reinterpret_cast<CUgraph*>(g)));
+}
+
+cudaError_t is_capturing(cudaStream_t s, cudaStreamCaptureStatus* st, bool pt) {
+    ENSURE();
+    return ret(D(pt).StreamIsCapturing(cs(s), reinterpret_cast<CUstreamCaptureStatus*>(st)));
+}
+
+cudaError_t capture_info(cudaStream_t s, cudaStreamCaptureStatus* st, unsigned long long* id, cudaGraph_t* g,
+                         const cudaGraphNode_t** deps, const cudaGraphEdgeData** edges, size_t* n, bool pt) {
+    ENSURE();
+    static_assert(sizeof(unsigned long long) == sizeof(cuuint64_t));
+    return ret(D(pt).StreamGetCaptureInfo(cs(s), reinterpret_cast<CUstreamCaptureStatus*>(st),
+                                          reinterpret_cast<cuuint64_t*>(id),
+                                          reinterpret_cast<CUgraph*>(g), reinterpret_cast<const CUgraphNode**>(deps),
+                                          reinterpret_cast<const CUgraphEdgeData**>(edges), n));
+}
+
+cudaError_t instantiate_with_params(cudaGraphExec_t* e, cudaGraph_t g, cudaGraphInstantiateParams* p, bool pt) {
+    ENSURE();
+    return ret(D(pt).GraphInstantiateWithParams(reinterpret_cast<CUgraphExec*>(e), cg(g),
+                                                reinterpret_cast<CUDA_GRAPH_INSTANTIATE_PARAMS*>(p)));
+}
+
+// A runtime channel format (bits per channel, kind) as the driver's array format and channel count.
+bool to_format(const cudaChannelFormatDesc& d, CUarray_format* f, unsigned* channels) {
+    int bits[4] = {d.x, d.y, d.z, d.w};
+    unsigned n = 0;
+    for (int b : bits)
+        if (b != 0) {
+            if (b != d.x) return false;
+            ++n;
+        }
+    if (n != 1 && n != 2 && n != 4) return false;
+    *channels = n;
+    switch (d.f) {
+    case cudaChannelFormatKindSigned:
+        *f = d.x == 8 ? CU_AD_FORMAT_SIGNED_INT8 : d.x == 16 ? CU_AD_FORMAT_SIGNED_INT16 : CU_AD_FORMAT_SIGNED_INT32;
+        return d.x == 8 || d.x == 16 || d.x == 32;
+    case cudaChannelFormatKindUnsigned:
+        *f = d.x == 8 ? CU_AD_FORMAT_UNSIGNED_INT8 : d.x == 16 ? CU_AD_FORMAT_UNSIGNED_INT16 : CU_AD_FORMAT_UNSIGNED_INT32;
+        return d.x == 8 || d.x == 16 || d.x == 32;
+    case cudaChannelFormatKindFloat:
+        *f = d.x == 16 ? CU_AD_FORMAT_HALF : CU_AD_FORMAT_FLOAT;
+        return d.x == 16 || d.x == 32;
+    default:
+        return false;
+    }
+}
+
+cudaError_t array_desc(const cudaChannelFormatDesc* desc, cudaExtent ext, unsigned flags, CUDA_ARRAY3D_DESCRIPTOR* out) {
+    if (desc == nullptr) return cudaErrorInvalidValue;
+    std::memset(out, 0, sizeof *out);
+    if (!to_format(*desc, &out->Format, &out->NumChannels)) return cudaErrorInvalidChannelDescriptor;
+    out->Width = ext.width;
+    out->Height = ext.height;
+    out->Depth = ext.depth;
+    out->Flags = flags;  // cudaArrayLayered, SurfaceLoadStore, Cubemap, TextureGather: the driver's bits
+    return cudaSuccess;
+}
+
+cudaError_t malloc_array(cudaArray_t* array, const cudaChannelFormatDesc* desc, cudaExtent ext, unsigned flags) {
+    ENSURE();
+    if (array == nullptr) return ret(cudaErrorInvalidValue);
+    CUDA_ARRAY3D_DESCRIPTOR d;
+    if (cudaError_t e = array_desc(desc, ext, flags, &d); e != cudaSuccess) return ret(e);
+    return ret(D().Array3DCreate(reinterpret_cast<CUarray*>(array), &d));
 }
 
 }  // namespace
@@ -636,6 +801,201 @@ cudaError_t cudaIpcCloseMemHandle(void* devPtr) {
     return ret(D().IpcCloseMemHandle(dp(devPtr)));
 }
 
+// ---------------------------------------------------------------- stream capture and graphs
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    return begin_capture(stream, mode, false);
+}
+cudaError_t cudaStreamBeginCapture_ptsz(cudaStream_t stream, enum cudaStreamCaptureMode mode) {
+    return begin_capture(stream, mode, true);
+}
+cudaError_t cudaStreamBeginCaptureToGraph(cudaStream_t stream, cudaGraph_t graph, const cudaGraphNode_t* dependencies,
+                                          const cudaGraphEdgeData* dependencyData, size_t numDependencies,
+                                          enum cudaStreamCaptureMode mode) {
+    return begin_capture_to_graph(stream, graph, dependencies, dependencyData, numDependencies, mode, false);
+}
+cudaError_t cudaStreamBeginCaptureToGraph_ptsz(cudaStream_t stream, cudaGraph_t graph,
+                                               const cudaGraphNode_t* dependencies,
+                                               const cudaGraphEdgeData* dependencyData, size_t numDependencies,
+                                               enum cudaStreamCaptureMode mode) {
+    return begin_capture_to_graph(stream, graph, dependencies, dependencyData, numDependencies, mode, true);
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* pGraph) { return end_capture(stream, pGraph, false); }
+cudaError_t cudaStreamEndCapture_ptsz(cudaStream_t stream, cudaGraph_t* pGraph) { return end_capture(stream, pGraph, true); }
+cudaError_t cudaStreamIsCapturing(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus) {
+    return is_capturing(stream, pCaptureStatus, false);
+}
+cudaError_t cudaStreamIsCapturing_ptsz(cudaStream_t stream, enum cudaStreamCaptureStatus* pCaptureStatus) {
+    return is_capturing(stream, pCaptureStatus, true);
+}
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, enum cudaStreamCaptureStatus* captureStatus_out,
+                                     unsigned long long* id_out, cudaGraph_t* graph_out,
+                                     const cudaGraphNode_t** dependencies_out, const cudaGraphEdgeData** edgeData_out,
+                                     size_t* numDependencies_out) {
+    return capture_info(stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+                        numDependencies_out, false);
+}
+cudaError_t cudaStreamGetCaptureInfo_ptsz(cudaStream_t stream, enum cudaStreamCaptureStatus* captureStatus_out,
+                                          unsigned long long* id_out, cudaGraph_t* graph_out,
+                                          const cudaGraphNode_t** dependencies_out,
+                                          const cudaGraphEdgeData** edgeData_out, size_t* numDependencies_out) {
+    return capture_info(stream, captureStatus_out, id_out, graph_out, dependencies_out, edgeData_out,
+                        numDependencies_out, true);
+}
+cudaError_t cudaThreadExchangeStreamCaptureMode(enum cudaStreamCaptureMode* mode) {
+    if (cudaError_t e = init_rt(); e != cudaSuccess) return ret(e);
+    return ret(D().ThreadExchangeStreamCaptureMode(reinterpret_cast<CUstreamCaptureMode*>(mode)));
+}
+
+cudaError_t cudaGraphCreate(cudaGraph_t* pGraph, unsigned int flags) {
+    ENSURE();
+    return ret(D().GraphCreate(reinterpret_cast<CUgraph*>(pGraph), flags));
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+    ENSURE();
+    return ret(D().GraphDestroy(cg(graph)));
+}
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t* nodes, size_t* numNodes) {
+    ENSURE();
+    return ret(D().GraphGetNodes(cg(graph), reinterpret_cast<CUgraphNode*>(nodes), numNodes));
+}
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, enum cudaGraphNodeType* pType) {
+    ENSURE();
+    return ret(D().GraphNodeGetType(reinterpret_cast<CUgraphNode>(node), reinterpret_cast<CUgraphNodeType*>(pType)));
+}
+cudaError_t cudaGraphAddHostNode(cudaGraphNode_t* pGraphNode, cudaGraph_t graph, const cudaGraphNode_t* pDependencies,
+                                 size_t numDependencies, const struct cudaHostNodeParams* pNodeParams) {
+    ENSURE();
+    return ret(D().GraphAddHostNode(reinterpret_cast<CUgraphNode*>(pGraphNode), cg(graph), cn(pDependencies),
+                                    numDependencies, reinterpret_cast<const CUDA_HOST_NODE_PARAMS*>(pNodeParams)));
+}
+cudaError_t cudaGraphAddMemAllocNode(cudaGraphNode_t* pGraphNode, cudaGraph_t graph,
+                                     const cudaGraphNode_t* pDependencies, size_t numDependencies,
+                                     struct cudaMemAllocNodeParams* nodeParams) {
+    ENSURE();
+    return ret(D().GraphAddMemAllocNode(reinterpret_cast<CUgraphNode*>(pGraphNode), cg(graph), cn(pDependencies),
+                                        numDependencies, reinterpret_cast<CUDA_MEM_ALLOC_NODE_PARAMS*>(nodeParams)));
+}
+cudaError_t cudaGraphMemAllocNodeGetParams(cudaGraphNode_t node, struct cudaMemAllocNodeParams* params_out) {
+    ENSURE();
+    return ret(D().GraphMemAllocNodeGetParams(reinterpret_cast<CUgraphNode>(node),
+                                              reinterpret_cast<CUDA_MEM_ALLOC_NODE_PARAMS*>(params_out)));
+}
+cudaError_t cudaGraphAddMemFreeNode(cudaGraphNode_t* pGraphNode, cudaGraph_t graph,
+                                    const cudaGraphNode_t* pDependencies, size_t numDependencies, void* dptr) {
+    ENSURE();
+    return ret(D().GraphAddMemFreeNode(reinterpret_cast<CUgraphNode*>(pGraphNode), cg(graph), cn(pDependencies),
+                                       numDependencies, dp(dptr)));
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* pGraphExec, cudaGraph_t graph, unsigned long long flags) {
+    ENSURE();
+    return ret(D().GraphInstantiateWithFlags(reinterpret_cast<CUgraphExec*>(pGraphExec), cg(graph), flags));
+}
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t* pGraphExec, cudaGraph_t graph, unsigned long long flags) {
+    return cudaGraphInstantiate(pGraphExec, graph, flags);
+}
+cudaError_t cudaGraphInstantiateWithParams(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+                                           cudaGraphInstantiateParams* instantiateParams) {
+    return instantiate_with_params(pGraphExec, graph, instantiateParams, false);
+}
+cudaError_t cudaGraphInstantiateWithParams_ptsz(cudaGraphExec_t* pGraphExec, cudaGraph_t graph,
+                                                cudaGraphInstantiateParams* instantiateParams) {
+    return instantiate_with_params(pGraphExec, graph, instantiateParams, true);
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t graphExec) {
+    ENSURE();
+    return ret(D().GraphExecDestroy(cx(graphExec)));
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    ENSURE();
+    return ret(D().GraphLaunch(cx(graphExec), cs(stream)));
+}
+cudaError_t cudaGraphLaunch_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    ENSURE();
+    return ret(D(true).GraphLaunch(cx(graphExec), cs(stream)));
+}
+cudaError_t cudaGraphUpload(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    ENSURE();
+    return ret(D().GraphUpload(cx(graphExec), cs(stream)));
+}
+cudaError_t cudaGraphUpload_ptsz(cudaGraphExec_t graphExec, cudaStream_t stream) {
+    ENSURE();
+    return ret(D(true).GraphUpload(cx(graphExec), cs(stream)));
+}
+cudaError_t cudaDeviceGraphMemTrim(int device) {
+    if (cudaError_t e = init_rt(); e != cudaSuccess) return ret(e);
+    return ret(D().DeviceGraphMemTrim(device));
+}
+cudaError_t cudaDeviceGetGraphMemAttribute(int device, enum cudaGraphMemAttributeType attr, void* value) {
+    if (cudaError_t e = init_rt(); e != cudaSuccess) return ret(e);
+    return ret(D().DeviceGetGraphMemAttribute(device, static_cast<CUgraphMem_attribute>(attr), value));
+}
+cudaError_t cudaDeviceSetGraphMemAttribute(int device, enum cudaGraphMemAttributeType attr, void* value) {
+    if (cudaError_t e = init_rt(); e != cudaSuccess) return ret(e);
+    return ret(D().DeviceSetGraphMemAttribute(device, static_cast<CUgraphMem_attribute>(attr), value));
+}
+
+// ---------------------------------------------------------------- arrays
+
+cudaError_t cudaMallocArray(cudaArray_t* array, const struct cudaChannelFormatDesc* desc, size_t width, size_t height,
+                            unsigned int flags) {
+    return malloc_array(array, desc, cudaExtent{width, height, 0}, flags);
+}
+cudaError_t cudaMalloc3DArray(cudaArray_t* array, const struct cudaChannelFormatDesc* desc, struct cudaExtent extent,
+                              unsigned int flags) {
+    return malloc_array(array, desc, extent, flags);
+}
+cudaError_t cudaMallocMipmappedArray(cudaMipmappedArray_t* mipmappedArray, const struct cudaChannelFormatDesc* desc,
+                                     struct cudaExtent extent, unsigned int numLevels, unsigned int flags) {
+    ENSURE();
+    if (mipmappedArray == nullptr) return ret(cudaErrorInvalidValue);
+    CUDA_ARRAY3D_DESCRIPTOR d;
+    if (cudaError_t e = array_desc(desc, extent, flags, &d); e != cudaSuccess) return ret(e);
+    return ret(D().MipmappedArrayCreate(reinterpret_cast<CUmipmappedArray*>(mipmappedArray), &d, numLevels));
+}
+cudaError_t cudaGetMipmappedArrayLevel(cudaArray_t* levelArray, cudaMipmappedArray_const_t mipmappedArray,
+                                       unsigned int level) {
+    ENSURE();
+    return ret(D().MipmappedArrayGetLevel(reinterpret_cast<CUarray*>(levelArray),
+                                          reinterpret_cast<CUmipmappedArray>(const_cast<cudaMipmappedArray*>(mipmappedArray)),
+                                          level));
+}
+cudaError_t cudaFreeArray(cudaArray_t array) {
+    ENSURE();
+    if (array == nullptr) return cudaSuccess;
+    return ret(D().ArrayDestroy(reinterpret_cast<CUarray>(array)));
+}
+cudaError_t cudaFreeMipmappedArray(cudaMipmappedArray_t mipmappedArray) {
+    ENSURE();
+    if (mipmappedArray == nullptr) return cudaSuccess;
+    return ret(D().MipmappedArrayDestroy(reinterpret_cast<CUmipmappedArray>(mipmappedArray)));
+}
+cudaError_t cudaArrayGetInfo(struct cudaChannelFormatDesc* desc, struct cudaExtent* extent, unsigned int* flags,
+                             cudaArray_t array) {
+    ENSURE();
+    CUDA_ARRAY3D_DESCRIPTOR d{};
+    if (CUresult r = D().Array3DGetDescriptor(&d, reinterpret_cast<CUarray>(array)); r != CUDA_SUCCESS) return ret(r);
+    if (desc) {
+        int bits = 32;
+        cudaChannelFormatKind kind = cudaChannelFormatKindFloat;
+        switch (d.Format) {
+        case CU_AD_FORMAT_UNSIGNED_INT8: bits = 8; kind = cudaChannelFormatKindUnsigned; break;
+        case CU_AD_FORMAT_UNSIGNED_INT16: bits = 16; kind = cudaChannelFormatKindUnsigned; break;
+        case CU_AD_FORMAT_UNSIGNED_INT32: bits = 32; kind = cudaChannelFormatKindUnsigned; break;
+        case CU_AD_FORMAT_SIGNED_INT8: bits = 8; kind = cudaChannelFormatKindSigned; break;
+        case CU_AD_FORMAT_SIGNED_INT16: bits = 16; kind = cudaChannelFormatKindSigned; break;
+        case CU_AD_FORMAT_SIGNED_INT32: bits = 32; kind = cudaChannelFormatKindSigned; break;
+        case CU_AD_FORMAT_HALF: bits = 16; break;
+        default: break;
+        }
+        *desc = cudaChannelFormatDesc{bits, d.NumChannels > 1 ? bits : 0, d.NumChannels > 2 ? bits : 0,
+                                      d.NumChannels > 3 ? bits : 0, kind};
+    }
+    if (extent) *extent = cudaExtent{d.Width, d.Height, d.Depth};
+    if (flags) *flags = d.Flags;
+    return cudaSuccess;
+}
+
 // ---------------------------------------------------------------- errors and entry points
 
 cudaError_t cudaGetLastError(void) {
@@ -670,6 +1030,24 @@ constexpr RtErr kRtErrors[] = {
     {cudaErrorSymbolNotFound, "cudaErrorSymbolNotFound", "named symbol not found"},
     {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
     {cudaErrorNotSupported, "cudaErrorNotSupported", "operation not supported"},
+    {cudaErrorInvalidChannelDescriptor, "cudaErrorInvalidChannelDescriptor", "invalid channel descriptor"},
+    {cudaErrorIllegalState, "cudaErrorIllegalState", "the operation cannot be performed in the present state"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+    {cudaErrorStreamCaptureInvalidated, "cudaErrorStreamCaptureInvalidated",
+     "operation failed due to a previous error during capture"},
+    {cudaErrorStreamCaptureMerge, "cudaErrorStreamCaptureMerge",
+     "operation would result in a merge of separate capture sequences"},
+    {cudaErrorStreamCaptureUnmatched, "cudaErrorStreamCaptureUnmatched", "capture was not ended in the same stream as it began"},
+    {cudaErrorStreamCaptureUnjoined, "cudaErrorStreamCaptureUnjoined", "capturing stream has unjoined work"},
+    {cudaErrorStreamCaptureIsolation, "cudaErrorStreamCaptureIsolation",
+     "dependency created on uncaptured work in another stream"},
+    {cudaErrorStreamCaptureImplicit, "cudaErrorStreamCaptureImplicit",
+     "operation would make the legacy stream depend on a capturing blocking stream"},
+    {cudaErrorCapturedEvent, "cudaErrorCapturedEvent",
+     "operation not permitted on an event last recorded in a capturing stream"},
+    {cudaErrorStreamCaptureWrongThread, "cudaErrorStreamCaptureWrongThread",
+     "attempt to terminate a thread-local capture sequence from another thread"},
     {cudaErrorUnknown, "cudaErrorUnknown", "unknown error"},
 };
 }  // namespace
