@@ -24,6 +24,11 @@ EXPECTED_PATHS = {
     "prog_fork": {"symbol"},
     "prog_ipc": {"symbol"},
     "prog_vmm_cache": {"symbol"},
+    "prog_stream_destroy": {"symbol"},
+    "prog_per_thread": {"symbol"},
+    "prog_last_error": {"symbol"},
+    "prog_capture": {"symbol"},
+    "prog_arrays": {"symbol", "proc-address"},  # the runtime's arrays come through the driver
 }
 
 # Program counts of virtual-memory calls (successful ones) and the trace events that must match.

@@ -58,7 +58,9 @@ int main() {
   const int nnz = static_cast<int>(vals.size());
   std::vector<float> x(cols), bmat(static_cast<size_t>(cols) * k);
   for (int i = 0; i < cols; ++i) x[i] = static_cast<float>(i % 9 - 4);
-  for (size_t i = 0; i < bmat.size(); ++i) bmat[i] = static_cast<float>((i * 13) % 11 - 5);
+  // Small integers (exact in float whatever the order of the sums); the remainder is taken as an
+  // int, or the unsigned subtraction would wrap to 1.8e19.
+  for (size_t i = 0; i < bmat.size(); ++i) bmat[i] = static_cast<float>(static_cast<int>((i * 13) % 11) - 5);
 
   int* d_rp = to_device(row_ptr);
   int* d_ci = to_device(col_idx);
