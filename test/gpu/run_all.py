@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""Every GPU check and benchmark of cupool, in one run (device time is scarce). Called by
-test/gpu/run_all.sh after it has built the CUDA programs. Writes results.json and results.md
-to OUT and prints a short table.
+"""Every GPU check and benchmark of cupool but the compatibility suite (test/gpu/compat), in one
+run (device time is scarce). Called by test/gpu/run_all.sh, which records the build and the
+machine first (CUPOOL_RUN_HEADER). Writes results-<groups>.json and .md to OUT, each headed by
+that record, prints a short table and the checks, and exits 1 if any check failed: a run that
+did not do what it claims (no reuse in an in-flight check, a result that differs by a bit from
+the run without cupool, a trace that saw nothing) is a failed check, not a row.
 
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
-Groups: compat, inflight, bench, rounds, steps, quarantine, vmm, xlasync, policies. The whole run takes longer than
-the device tool's 10 minutes for one command: run the groups in two or three calls.
+Groups: compat (frameworks under passthrough), inflight, bench, rounds, steps, quarantine, vmm,
+xlasync, policies.
 """
 import json
 import os
@@ -19,7 +22,18 @@ ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys
 SHIM = os.path.join(BUILD, "shim", "libcupool.so")
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
+if "CUPOOL_RUN_HEADER" not in os.environ:
+    sys.exit("run_all.py: run it through test/gpu/run_all.sh, which records the build and the machine")
+HEADER = json.load(open(os.environ["CUPOOL_RUN_HEADER"]))
 results = []
+checks = []
+
+
+def check(name, ok, detail=""):
+    """One assertion of the run: printed at once, listed at the end, and fatal to the exit status."""
+    checks.append({"check": name, "ok": bool(ok), "detail": detail})
+    print(f"   check {'ok  ' if ok else 'FAIL'} {name}{': ' + detail if detail else ''}", flush=True)
+    return ok
 
 
 def trace_summary(path):
@@ -126,6 +140,40 @@ def wanted(group):
     return ONLY is None or group in ONLY
 
 
+def last_json(r):
+    for line in reversed((r.get("stdout") or "").splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                pass
+    return {}
+
+
+def exact(r):
+    """The bit-exact result of a reference workload: transformer_step.py's loss as float.hex,
+    jax_mlp_step.py's digest of the weights after the last step (FACTS.md: the other figures a
+    workload prints are rounded, or not reproducible from run to run)."""
+    m = re.search(r"(?:loss_hex|params)=(\S+)", r.get("stdout") or "")
+    return m.group(1) if m else None
+
+
+def same_result(name, base, *others):
+    """Every run succeeded, and each one's exact result equals the one without cupool."""
+    runs = (base,) + others
+    ok = all(x["rc"] == 0 for x in runs) and exact(base) is not None
+    ok = ok and all(exact(x) == exact(base) for x in others)
+    return check(name, ok, ", ".join(f'{x["name"]}: rc {x["rc"]} {exact(x)}' for x in runs))
+
+
+def traced(r, at_least=1):
+    """A run under cupool whose trace recorded the program's allocations (interception worked)."""
+    t = r.get("trace") or {}
+    n = sum(v for k, v in t.get("by_api", {}).items() if k.split(":")[0] in ("alloc", "vmm_create"))
+    return check(f'{r["name"]}: the trace saw its allocations', n >= at_least and t.get("footer"),
+                 f"{n} allocation events, footer {t.get('footer')}, dropped {t.get('dropped')}")
+
+
 # Traces stay on the machine (only a few result files travel back).
 TRACES = os.environ.get("CUPOOL_GPU_TRACES", "/tmp/cupool-gpu-traces")
 os.makedirs(TRACES, exist_ok=True)
@@ -150,40 +198,67 @@ if wanted("compat"):
         base = run(f"torch-{mode}-nocupool", TRANSFORMER_WITH_STATS, dict(env, MODE=mode))
         under = run(f"torch-{mode}-passthrough", TRANSFORMER_WITH_STATS, dict(env, MODE=mode),
                     shim={"CUPOOL_POLICY": "passthrough"})
+        same_result(f"torch {mode}: passthrough gives the exact loss", base, under)
+        traced(under)
     for mode, env in {"bfc": {}, "platform": {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}}.items():
-        run(f"jax-{mode}-nocupool", [PY, os.path.join(HERE, "jax_check.py")], env)
-        run(f"jax-{mode}-passthrough", [PY, os.path.join(HERE, "jax_check.py")], env, shim={"CUPOOL_POLICY": "passthrough"})
-        run(f"jaxmlp-{mode}-nocupool", [PY, JAX_MLP], dict(env, MODE=mode))
-        run(f"jaxmlp-{mode}-passthrough", [PY, JAX_MLP], dict(env, MODE=mode), shim={"CUPOOL_POLICY": "passthrough"})
-    run("cupy-nocupool", [PY, os.path.join(HERE, "cupy_check.py")])
-    run("cupy-passthrough", [PY, os.path.join(HERE, "cupy_check.py")], shim={"CUPOOL_POLICY": "passthrough"})
+        base = run(f"jax-{mode}-nocupool", [PY, os.path.join(HERE, "jax_check.py")], env)
+        under = run(f"jax-{mode}-passthrough", [PY, os.path.join(HERE, "jax_check.py")], env,
+                    shim={"CUPOOL_POLICY": "passthrough"})
+        check(f"jax {mode}: passthrough gives the same checksum", base["rc"] == 0 and under["rc"] == 0 and
+              last_json(base).get("checksum") is not None and last_json(base).get("checksum") == last_json(under).get("checksum"),
+              f'{last_json(base).get("checksum")} vs {last_json(under).get("checksum")}')
+        traced(under)
+        base = run(f"jaxmlp-{mode}-nocupool", [PY, JAX_MLP], dict(env, MODE=mode))
+        under = run(f"jaxmlp-{mode}-passthrough", [PY, JAX_MLP], dict(env, MODE=mode), shim={"CUPOOL_POLICY": "passthrough"})
+        same_result(f"jax_mlp_step {mode}: passthrough gives the same weights", base, under)
+    base = run("cupy-nocupool", [PY, os.path.join(HERE, "cupy_check.py")])
+    under = run("cupy-passthrough", [PY, os.path.join(HERE, "cupy_check.py")], shim={"CUPOOL_POLICY": "passthrough"})
+    check("cupy: passthrough gives the same checksum", base["rc"] == 0 and under["rc"] == 0 and
+          last_json(base).get("checksum") == last_json(under).get("checksum"),
+          f'{last_json(base).get("checksum")} vs {last_json(under).get("checksum")}')
+    traced(under)
     for kind in ("shared", "static"):
         exe = os.path.join(BIN, f"workload_{kind}")
-        run(f"workload-{kind}-nocupool", [exe, "100", "8"])
-        run(f"workload-{kind}-passthrough", [exe, "100", "8"], shim={"CUPOOL_POLICY": "passthrough"})
-        run(f"workload-{kind}-growth", [exe, "100", "8"], shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
+        base = run(f"workload-{kind}-nocupool", [exe, "100", "8"])
+        for policy in ("passthrough", "growth"):
+            under = run(f"workload-{kind}-{policy}", [exe, "100", "8"],
+                        shim={"CUPOOL_POLICY": policy, "CUPOOL_FREE": "deferred"})
+            check(f"workload {kind} {policy}: same counts and data as without cupool",
+                  base["rc"] == 0 and under["rc"] == 0 and last_json(base) == last_json(under),
+                  f"{last_json(base)} vs {last_json(under)}")
+            traced(under, last_json(base).get("allocs", 1))
 
 # ---- Issue 3: safe reuse after free -----------------------------------------------------------
 if wanted("inflight"):
     exe = os.path.join(BIN, "inflight")
-    run("inflight-nocupool", [exe])
+    base = run("inflight-nocupool", [exe])
+    check("inflight without cupool: the kernel saw its data", base["rc"] == 0 and
+          last_json(base).get("kernel_saw_overwrite") == 0, str(last_json(base)))
     for policy in ("growth", "preallocate"):
         for free in ("sync", "deferred"):
-            # A region with room for one 256 MiB buffer (and the flag word): the second
-            # allocation must reuse the first's memory, so deferred mode must wait for its fence.
-            run(f"inflight-{policy}-{free}", [exe], shim={"CUPOOL_POLICY": policy, "CUPOOL_FREE": free,
-                                                       "CUPOOL_PREALLOCATE": "288MiB"})
+            # Room for one 256 MiB buffer (and the flag word and the runtime's own small
+            # allocations), never two: the second allocation must reuse the first's memory, so
+            # the pool must wait (sync: at the free; deferred: for the fence). A run that got other
+            # memory tested nothing, and fails.
+            r = run(f"inflight-{policy}-{free}", [exe], shim={"CUPOOL_POLICY": policy, "CUPOOL_FREE": free,
+                                                           "CUPOOL_PREALLOCATE": "384MiB", "CUPOOL_LIMIT": "384MiB",
+                                                           "CUPOOL_GROWTH_CHUNK": "2MiB"})
+            j = last_json(r)
+            check(f"inflight {policy} {free}: the kernel saw its data, and the memory was reused",
+                  r["rc"] == 0 and j.get("kernel_saw_overwrite") == 0 and j.get("reused_same_address", 0) > 0, str(j))
 
 # ---- Issue 3: pair cost ---------------------------------------------------------------------
 if wanted("bench"):
     exe = os.path.join(BIN, "bench_alloc")
-    run("bench-driver", [exe, "malloc", "driver cudaMalloc+cudaFree"])
-    run("bench-async", [exe, "async", "cudaMallocAsync+cudaFreeAsync"])
+    runs = [run("bench-driver", [exe, "malloc", "driver cudaMalloc+cudaFree"]),
+            run("bench-async", [exe, "async", "cudaMallocAsync+cudaFreeAsync"])]
     for free in ("deferred", "sync"):
-        run(f"bench-cupool-{free}-trace-off", [exe, "malloc", f"cupool growth {free}, trace off"],
-            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE": ""})
-        run(f"bench-cupool-{free}-trace-on", [exe, "malloc", f"cupool growth {free}, trace on"],
-            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE_BUFFER": "1048576"})
+        runs.append(run(f"bench-cupool-{free}-trace-off", [exe, "malloc", f"cupool growth {free}, trace off"],
+                        shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE": ""}))
+        runs.append(run(f"bench-cupool-{free}-trace-on", [exe, "malloc", f"cupool growth {free}, trace on"],
+                        shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE_BUFFER": "1048576"}))
+    for r in runs:
+        check(f'{r["name"]}: ran and measured', r["rc"] == 0 and last_json(r).get("median_ns") is not None)
 
 # ---- Issue 3: pair cost, alternating rounds (the host's noise moves single runs by 50 ns) --------
 if wanted("rounds"):
@@ -201,17 +276,22 @@ if wanted("rounds"):
 
 # ---- Issue 3: framework steps with every tensor through cupool ----------------------------------
 if wanted("steps"):
-    run("step-torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"})
-    run("step-torch-nocache-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "nocache", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
-    run("step-torch-nocache-growth-deferred", TRANSFORMER_WITH_STATS,
-        {"MODE": "nocache+cupool", "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"},
-        shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
-    run("step-torch-caching-growth", TRANSFORMER_WITH_STATS, {"MODE": "caching+cupool"},
-        shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"})
-    run("step-jax-bfc-nocupool", [PY, JAX_MLP], {"MODE": "bfc"})
-    run("step-jax-platform-nocupool", [PY, JAX_MLP], {"MODE": "platform", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})
-    run("step-jax-platform-growth-deferred", [PY, JAX_MLP], {"MODE": "platform+cupool",
-        "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    caching = run("step-torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"})
+    bare = run("step-torch-nocache-nocupool", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache"))
+    under = [run(f"step-torch-nocache-growth-{free}", TRANSFORMER_WITH_STATS, dict(nocache, MODE=f"nocache+cupool {free}"),
+                 shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free}) for free in ("deferred", "sync")]
+    under.append(run("step-torch-caching-growth", TRANSFORMER_WITH_STATS, {"MODE": "caching+cupool"},
+                     shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}))
+    same_result("transformer_step: every tensor through cupool gives the exact loss", caching, bare, *under)
+    for r in under:
+        traced(r)
+    bfc = run("step-jax-bfc-nocupool", [PY, JAX_MLP], {"MODE": "bfc"})
+    platform = run("step-jax-platform-nocupool", [PY, JAX_MLP], {"MODE": "platform", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})
+    jax_under = run("step-jax-platform-growth-deferred", [PY, JAX_MLP], {"MODE": "platform+cupool",
+                    "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
+    same_result("jax_mlp_step: every buffer through cupool gives the platform allocator's weights", platform, jax_under)
+    traced(jax_under)
 
 # ---- Issue 3: how much memory the deferred quarantine holds -------------------------------------
 # Fences (and so quarantine) are needed once the process has created a stream that can run beside
@@ -221,8 +301,11 @@ if wanted("steps"):
 if wanted("quarantine"):
     side = [PY, "-c", "import torch; side = torch.cuda.Stream(); " + TRANSFORMER_WITH_STATS[2]]
     nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    # Like for like: every cupool row has the same workload without cupool beside it (the caching
+    # allocator with the same side stream, and every tensor through the driver).
     runs = [
         run("quarantine-torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
+        run("quarantine-torch-caching-sidestream-nocupool", side, {"MODE": "caching, side stream"}),
         run("quarantine-torch-nocache-deferred", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache+cupool deferred"),
             shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}),
         run("quarantine-torch-nocache-sidestream-deferred", side, dict(nocache, MODE="side stream, deferred"),
@@ -230,6 +313,7 @@ if wanted("quarantine"):
         run("quarantine-torch-nocache-sidestream-sync", side, dict(nocache, MODE="side stream, sync"),
             shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}),
     ]
+    same_result("quarantine: every run gives the exact loss", *runs)
     for r in runs:
         t = r.get("trace") or {}
         r["quarantine"] = {"step_ms": parse_float(r"step=([\d.]+) ms", r["stdout"]),
@@ -260,6 +344,9 @@ if wanted("vmm"):
         last = [l for l in r["stdout"].splitlines() if l.startswith("{")]
         outs.append(json.loads(last[-1]) if last else {})
     ref = outs[0].get("digest")
+    for r, o in zip(runs[1:], outs[1:]):
+        check(f'{r["name"]}: same weights as BFC', r["rc"] == 0 and o.get("digest") is not None and o.get("digest") == ref,
+              f'{o.get("digest")} vs {ref}')
     for r, o in zip(runs, outs):
         r["vmm_check"] = {"step_ms": o.get("step_ms"), "digest": o.get("digest"), "same_as_bfc": o.get("digest") == ref,
                           "vs_bfc": round(o["step_ms"] / outs[0]["step_ms"], 2) if o.get("step_ms") and outs[0].get("step_ms") else None}
@@ -303,14 +390,16 @@ if wanted("xlasync"):
         last = [l for l in r["stdout"].splitlines() if l.startswith("{")]
         r["xlasync"] = json.loads(last[-1]) if last else {}
         print(f"   {r['name']}: {r['xlasync']}", flush=True)
+        check(f'{r["name"]}: ran and measured', r["rc"] == 0 and bool(r["xlasync"]))
 
 # ---- Issue 4: growth vs preallocate vs the frameworks' allocators (docs/policies.md) ----------
 if wanted("policies"):
-    subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, OUT])
+    p = subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, OUT])
+    check("policies: every experiment ran", p.returncode == 0, f"run_policies.py exited {p.returncode}")
 
 tag = "-".join(sorted(ONLY)) if ONLY else "all"
 with open(os.path.join(OUT, f"results-{tag}.json"), "w") as f:
-    json.dump(results, f, indent=1)
+    json.dump({"header": HEADER, "checks": checks, "runs": results}, f, indent=1)
 
 # ---- A short table ---------------------------------------------------------------------------
 lines = ["| run | rc | result | trace: allocs (api:path) | peak reserved |", "|---|---|---|---|---|"]
@@ -337,6 +426,12 @@ for r in results:
     elif r.get("trace_error"):
         allocs = r["trace_error"][:80]
     lines.append(f"| {r['name']} | {r['rc']} | {'; '.join(res)} | {allocs[:300]} | {peak} |")
+head = "\n".join(f"- {k}: {v}" for k, v in HEADER.items())
+failed = [c for c in checks if not c["ok"]]
+summary = f"{len(checks) - len(failed)} of {len(checks)} checks passed" + "".join(
+    f"\n- FAILED: {c['check']}: {c['detail']}" for c in failed)
 table = "\n".join(lines)
-open(os.path.join(OUT, f"results-{tag}.md"), "w").write(table + "\n")
+open(os.path.join(OUT, f"results-{tag}.md"), "w").write(f"{head}\n\n{table}\n\n{summary}\n")
 print(table)
+print(summary)
+sys.exit(1 if failed else 0)

@@ -1,19 +1,54 @@
 #!/usr/bin/env bash
-# Builds the CUDA programs of the GPU checks with nvcc and runs every GPU check and benchmark.
-#   test/gpu/run_all.sh BUILD_DIR WORKLOADS_DIR OUT [--only GROUP,...]
-# BUILD_DIR is a build of this project made elsewhere (libcupool.so is self-contained);
-# WORKLOADS_DIR holds the reference workloads of shared/FACTS.md (transformer_step.py, jax_mlp_step.py).
+# Every GPU check and benchmark of cupool, on the device machine, over what test/gpu/prepare.sh
+# built here. Prints the build, GPU, driver and library versions first (they head every results
+# file too), and exits non-zero if any check failed or did not exercise what it claims.
+#   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT [--only GROUP,...]
+# Groups: suite (test/gpu/compat), compat, inflight, bench, rounds, steps, quarantine, vmm,
+# xlasync, policies (run_all.py's docstring says what each measures).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-build=$1 workloads=$2 out=$3; shift 3
-bin=${CUPOOL_GPU_BIN:-/tmp/cupool-gpu-bin}
-mkdir -p "$bin" "$out"
-echo "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1); $(date -u +%F)"
-arch=-arch=sm_90
-nvcc -O2 $arch -cudart shared -o "$bin/workload_shared" -x cu "$root/examples/workload.cpp" &
-nvcc -O2 $arch -o "$bin/workload_static" -x cu "$root/examples/workload.cpp" &
-nvcc -O2 $arch -cudart shared -o "$bin/inflight" "$here/inflight.cu" &
-nvcc -O2 $arch -cudart shared -o "$bin/bench_alloc" "$here/bench_alloc.cu" &
-wait
-python3 "$here/run_all.py" "$build" "$workloads" "$bin" "$out" "$@"
+build=$(cd "$1" && pwd) carry=$(cd "$2" && pwd) out=$3; shift 3
+mkdir -p "$out"
+if [[ ! -f $build/BUILD_ID ]]; then
+  echo "run_all.sh: $build/BUILD_ID is missing: build with test/gpu/prepare.sh" >&2
+  exit 2
+fi
+if ! cmp -s "$build/BUILD_ID" "$carry/BUILD_ID"; then
+  echo "run_all.sh: the library ($build/BUILD_ID) and the programs ($carry/BUILD_ID) come from different builds" >&2
+  exit 2
+fi
+export CUPOOL_RUN_HEADER=$out/header.json
+python3 - "$build/BUILD_ID" "$CUPOOL_RUN_HEADER" "$0 $*" <<'PY'
+import json, subprocess, sys, datetime, hashlib
+build_id, path, command = sys.argv[1:4]
+ident = dict(l.strip().split("=", 1) for l in open(build_id) if "=" in l)
+def out(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120).stdout.strip()
+    except Exception as e:  # noqa: BLE001 - a missing tool is reported as such
+        return f"unavailable ({e.__class__.__name__})"
+h = {"commit": ident.get("commit"), "built": ident.get("built"),
+     "gpu": out(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"]).splitlines()[0],
+     "cuda": out(["nvcc", "--version"]).splitlines()[-1],
+     "torch": out([sys.executable, "-c", "import torch; print(torch.__version__, torch.version.cuda)"]),
+     "jax": out([sys.executable, "-c", "import jax; print(jax.__version__)"]),
+     "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+     "command": command}
+json.dump(h, open(path, "w"), indent=1)
+for k, v in h.items():
+    print(f"{k}: {v}")
+PY
+status=0
+groups=all
+[[ ${1:-} == --only ]] && groups=$2
+if [[ $groups == all || ,$groups, == *,suite,* ]]; then
+  python3 "$here/compat/run_compat.py" "$build" "$carry/compat" "$out" --jobs 8 || status=1
+fi
+rest=$(tr , '\n' <<<"$groups" | grep -vx suite | paste -sd, -)
+if [[ $groups == all ]]; then
+  python3 "$here/run_all.py" "$build" "$carry/workloads" "$carry/bin" "$out" || status=1
+elif [[ -n $rest ]]; then
+  python3 "$here/run_all.py" "$build" "$carry/workloads" "$carry/bin" "$out" --only "$rest" || status=1
+fi
+echo "run_all.sh: $([[ $status == 0 ]] && echo 'every check passed' || echo 'SOME CHECKS FAILED')"
+exit $status

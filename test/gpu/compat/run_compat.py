@@ -29,7 +29,6 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 POLICIES = ("passthrough", "growth", "preallocate")
 FREES = ("sync", "deferred")
 CONFIGS = [(p, f) for p in POLICIES for f in FREES]
@@ -88,12 +87,23 @@ def sh(cmd, timeout=60):
         return None
 
 
+def build_commit(path):
+    """The commit a build came from: test/gpu/prepare.sh's BUILD_ID (commit=...) or build.sh's
+    (the git describe alone). Never git on the machine that runs it: its copy is not the build's."""
+    if not os.path.exists(path):
+        return None
+    text = open(path).read()
+    for line in text.splitlines():
+        if line.startswith("commit="):
+            return line.split("=", 1)[1].strip()
+    return text.strip() or None
+
+
 def header(args):
     h = {}
-    git = sh(["git", "-C", REPO, "describe", "--always", "--dirty"])
-    build_id_file = os.path.join(args.bin, "BUILD_ID")
-    build_id = open(build_id_file).read().strip() if os.path.exists(build_id_file) else None
-    h["commit"] = f"{git} (git describe of {REPO})" if git else f"{build_id or 'unknown'} (BIN_DIR/BUILD_ID)"
+    lib_commit = build_commit(os.path.join(args.build, "BUILD_ID"))
+    build_id = build_commit(os.path.join(args.bin, "BUILD_ID"))
+    h["commit"] = lib_commit or f"{build_id or 'unknown'} (the programs' build; the library's is not recorded)"
     h["binaries_build_id"] = build_id or "unknown"
     shim = os.path.join(args.build, "shim", "libcupool.so")
     h["libcupool_sha256"] = hashlib.sha256(open(shim, "rb").read()).hexdigest()[:16] if os.path.exists(shim) else "missing"

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Builds here everything the GPU run needs, for the device machine (which has no build
+# packages): a release build of cupool, the CUDA programs of the checks and of the compatibility
+# suite, and the reference workloads of ../shared, copied unchanged. Records which commit they
+# come from; a tree with changes not committed is refused unless --allow-dirty (the build is then
+# marked dirty in every results file).
+#   test/gpu/prepare.sh [--allow-dirty]        then, on the device machine:
+#   test/gpu/run_all.sh build-release .carry OUT [--only GROUP,...]
+# (carry: .carry build-release/shim build-release/tools build-release/BUILD_ID)
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+allow_dirty=0
+[[ ${1:-} == --allow-dirty ]] && allow_dirty=1
+id=$(git describe --always --dirty)
+if [[ $id == *-dirty && $allow_dirty == 0 ]]; then
+  echo "prepare.sh: the tree has changes that are not committed ($id); commit them, or pass --allow-dirty" >&2
+  git status --short >&2
+  exit 2
+fi
+build=build-release carry=.carry
+[[ -f $build/build.ninja ]] || meson setup "$build" -Dcudatoolkit_dir="${CUDA_DIR:-/usr/local/cuda}" --buildtype=release >/dev/null
+ninja -C "$build" shim/libcupool.so tools/cupool >/dev/null
+mkdir -p "$carry/bin" "$carry/workloads"
+JOBS=${JOBS:-2} test/gpu/compat/build.sh "$carry/compat" >/dev/null
+arch=-arch=sm_90
+nvcc -O2 $arch -cudart shared -o "$carry/bin/workload_shared" -x cu examples/workload.cpp
+nvcc -O2 $arch -o "$carry/bin/workload_static" -x cu examples/workload.cpp
+nvcc -O2 $arch -cudart shared -o "$carry/bin/inflight" test/gpu/inflight.cu
+nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_alloc" test/gpu/bench_alloc.cu
+cp ../shared/workloads/*.py "$carry/workloads/"
+# The same identity for the library and the programs: what every results file names.
+{ echo "commit=$id"; echo "built=$(date -u +%FT%TZ)"; echo "compiler=$(c++ --version | head -1)";
+  echo "nvcc=$(nvcc --version | tail -1)"; } | tee "$build/BUILD_ID" > "$carry/BUILD_ID"
+echo "prepare.sh: $id ready in $build and $carry"
