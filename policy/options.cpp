@@ -215,6 +215,9 @@ std::optional<std::string> parse_limit(std::string_view v, Config& c) {
 std::optional<std::string> parse_preallocate(std::string_view v, Config& c) {
   std::string why;
   if (!parse_size_spec(v, c.preallocate, why)) return why;
+  // The pool reserves whole chunks: less than one would reserve nothing and refuse everything.
+  if (!c.preallocate.is_percent() && c.preallocate.bytes < kMinPreallocateBytes)
+    return fmt::format("less than the pool's chunk granularity ({})", format_size(kMinPreallocateBytes));
   return std::nullopt;
 }
 
@@ -373,7 +376,7 @@ const std::array<OptionInfo, kOptionCount> kOptions = {{
    "a size (8GiB) or percent of device memory (50%); per device 0:8GiB,1:50%; an entry without a device prefix applies to the other devices (8GiB,1:4GiB)",
    "The most device memory the process may hold on a device; beyond it allocations fail with out-of-memory.",
    parse_limit},
-  {"CUPOOL_PREALLOCATE", "size or percent", "75%", "a size (12GiB) or percent of device memory (75%)",
+  {"CUPOOL_PREALLOCATE", "size or percent", "75%", "a size of at least 2MiB (12GiB) or percent of device memory (75%)",
    "What the preallocate policy reserves on a device when it is first used (capped by CUPOOL_LIMIT).",
    parse_preallocate},
   {"CUPOOL_PREALLOCATE_GROW", "bool", "false", "true, false (or 1, 0)",

@@ -34,6 +34,10 @@ struct OptionInfo {
 };
 
 inline constexpr std::size_t kOptionCount = 14;
+
+// The least CUPOOL_PREALLOCATE given as a size: the pool's chunk granularity
+// (DevicePool::kChunkGranularity; a unit test checks they agree).
+inline constexpr std::uint64_t kMinPreallocateBytes = 2ull << 20;
 extern const std::array<OptionInfo, kOptionCount> kOptions;
 
 // A configuration error: the process should refuse to start. `message` is one complete line,

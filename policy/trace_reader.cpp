@@ -1,8 +1,16 @@
 #include "trace_reader.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+#if CUPOOL_HAVE_ZSTD
+#include <zstd.h>
+#endif
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstring>
 
@@ -384,12 +392,267 @@ DeviceInfo device_from(const nlohmann::json& j, std::string_view what) {
   return DeviceInfo{f.int_in("index", 0, 1 << 20), f.str("name"), f.u64("total_bytes")};
 }
 
+// The length of the well-formed UTF-8 sequence at p (1 to 4), or 0 if none begins there
+// (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
+std::size_t utf8_sequence(const unsigned char* p, const unsigned char* end) {
+  const unsigned char c = *p;
+  if (c < 0x80) return 1;
+  const std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
+  if (n == 0 || static_cast<std::size_t>(end - p) < n) return 0;
+  for (std::size_t i = 1; i < n; ++i)
+    if ((p[i] & 0xc0) != 0x80) return 0;
+  if (n == 3) {
+    const unsigned cp = ((c & 0x0fu) << 12) | ((p[1] & 0x3fu) << 6);
+    if (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff)) return 0;
+  }
+  if (n == 4) {
+    const unsigned cp = ((c & 0x07u) << 18) | ((p[1] & 0x3fu) << 12);
+    if (cp < 0x10000 || cp > 0x10ffff) return 0;
+  }
+  return n;
+}
+
+// Almost every line is ASCII: eight bytes at a time.
+bool is_ascii(std::string_view s) {
+  const char* p = s.data();
+  std::size_t n = s.size();
+  std::uint64_t any = 0;
+  for (; n >= 8; p += 8, n -= 8) {
+    std::uint64_t w;
+    std::memcpy(&w, p, 8);
+    any |= w;
+  }
+  for (; n > 0; ++p, --n) any |= static_cast<unsigned char>(*p);
+  return (any & 0x8080808080808080ull) == 0;
+}
+
+bool is_valid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const auto* end = p + s.size();
+  while (p < end) {
+    const std::size_t n = utf8_sequence(p, end);
+    if (n == 0) return false;
+    p += n;
+  }
+  return true;
+}
+
 }  // namespace
 
+std::string valid_utf8(std::string_view s) {
+  if (is_ascii(s) || is_valid_utf8(s)) return std::string(s);
+  std::string out;
+  out.reserve(s.size() + 8);
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const auto* end = p + s.size();
+  while (p < end) {
+    const std::size_t n = utf8_sequence(p, end);
+    if (n == 0) {
+      out += "\xef\xbf\xbd";  // U+FFFD
+      ++p;
+      continue;
+    }
+    out.append(reinterpret_cast<const char*>(p), n);
+    p += n;
+  }
+  return out;
+}
+
+// ---- the bytes of a trace ----------------------------------------------------------------------
+
+// A descriptor or a std::istream, decompressed when it begins with the gzip or zstd magic number.
+// Streaming: a fixed input buffer, and the output goes straight into the reader's line buffer.
+class TraceInputStream {
+ public:
+  TraceInputStream(int fd, bool owned, std::string name) : fd_(fd), owned_(owned), name_(std::move(name)) {}
+  TraceInputStream(std::istream& in, std::string name) : in_(&in), name_(std::move(name)) {}
+  ~TraceInputStream() {
+    if (kind_ == Kind::gzip) inflateEnd(&z_);
+#if CUPOOL_HAVE_ZSTD
+    if (zstd_) ZSTD_freeDStream(zstd_);
+#endif
+    if (owned_) ::close(fd_);
+  }
+  TraceInputStream(const TraceInputStream&) = delete;
+  TraceInputStream& operator=(const TraceInputStream&) = delete;
+
+  // Up to n bytes of the trace's text; 0 only at its end. Throws TraceError.
+  std::size_t read(char* out, std::size_t n) {
+    if (kind_ == Kind::unknown) detect();
+    switch (kind_) {
+      case Kind::gzip: return read_gzip(out, n);
+      case Kind::zstd: return read_zstd(out, n);
+      default: break;
+    }
+    if (pos_ < end_) {  // what detect() looked at
+      const std::size_t k = std::min(n, end_ - pos_);
+      std::memcpy(out, buf_.data() + pos_, k);
+      pos_ += k;
+      return k;
+    }
+    return raw_eof_ ? 0 : read_raw(out, n);
+  }
+  std::uint64_t raw_bytes() const { return raw_bytes_; }
+  const char* compression() const {
+    return kind_ == Kind::gzip ? "gzip" : kind_ == Kind::zstd ? "zstd" : "";
+  }
+
+ private:
+  static constexpr std::size_t kRawBuffer = 256 << 10;
+  enum class Kind { unknown, plain, gzip, zstd };
+
+  [[noreturn, gnu::cold]] void fail(const std::string& what) const {
+    throw TraceError(fmt::format("{}: {}", name_, what));
+  }
+
+  std::size_t read_raw(char* out, std::size_t n) {
+    std::size_t got = 0;
+    if (in_) {
+      in_->read(out, static_cast<std::streamsize>(n));
+      if (in_->bad()) fail("read error");
+      got = static_cast<std::size_t>(in_->gcount());
+    } else {
+      ssize_t r;
+      do {
+        r = ::read(fd_, out, n);
+      } while (r < 0 && errno == EINTR);
+      if (r < 0) fail(fmt::format("read error: {}", std::strerror(errno)));
+      got = static_cast<std::size_t>(r);
+    }
+    if (got == 0) raw_eof_ = true;
+    raw_bytes_ += got;
+    return got;
+  }
+
+  // Moves what is left of the input buffer to its front and reads more; false at the end.
+  bool refill() {
+    if (raw_eof_) return false;
+    if (buf_.empty()) buf_.resize(kRawBuffer);
+    if (pos_ > 0) {
+      std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
+      end_ -= pos_;
+      pos_ = 0;
+    }
+    const std::size_t got = read_raw(buf_.data() + end_, buf_.size() - end_);
+    end_ += got;
+    return got > 0;
+  }
+
+  void detect() {
+    while (end_ - pos_ < 4 && refill()) {
+    }
+    const auto* b = reinterpret_cast<const unsigned char*>(buf_.data() + pos_);
+    const std::size_t have = end_ - pos_;
+    kind_ = Kind::plain;
+    if (have >= 2 && b[0] == 0x1f && b[1] == 0x8b) {
+      z_ = z_stream{};
+      if (inflateInit2(&z_, 16 + MAX_WBITS) != Z_OK) fail("cannot start gzip decompression");
+      kind_ = Kind::gzip;
+    } else if (have >= 4 && b[0] == 0x28 && b[1] == 0xb5 && b[2] == 0x2f && b[3] == 0xfd) {
+#if CUPOOL_HAVE_ZSTD
+      zstd_ = ZSTD_createDStream();
+      if (!zstd_ || ZSTD_isError(ZSTD_initDStream(zstd_))) fail("cannot start zstd decompression");
+      kind_ = Kind::zstd;
+#else
+      fail("the trace is compressed with zstd, and this cupool was built without libzstd; decompress it first "
+           "(zstd -d)");
+#endif
+    }
+  }
+
+  std::size_t read_gzip(char* out, std::size_t n) {
+    for (;;) {
+      if (pos_ == end_ && !refill()) {
+        if (!member_done_) fail("the gzip data ends early (the file is cut short)");
+        return 0;
+      }
+      if (member_done_) {  // another member follows (concatenated .gz files)
+        inflateReset(&z_);
+        member_done_ = false;
+      }
+      z_.next_in = reinterpret_cast<Bytef*>(buf_.data() + pos_);
+      z_.avail_in = static_cast<uInt>(end_ - pos_);
+      z_.next_out = reinterpret_cast<Bytef*>(out);
+      z_.avail_out = static_cast<uInt>(std::min<std::size_t>(n, UINT32_MAX));
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      pos_ = end_ - z_.avail_in;
+      const std::size_t produced = static_cast<std::size_t>(reinterpret_cast<char*>(z_.next_out) - out);
+      if (rc == Z_STREAM_END) member_done_ = true;
+      else if (rc != Z_OK && rc != Z_BUF_ERROR)
+        fail(fmt::format("not valid gzip data ({})", z_.msg ? z_.msg : "inflate failed"));
+      if (produced > 0) return produced;
+    }
+  }
+
+  std::size_t read_zstd(char* out, std::size_t n) {
+#if CUPOOL_HAVE_ZSTD
+    for (;;) {
+      if (pos_ == end_ && !refill()) {
+        if (zstd_pending_) fail("the zstd data ends early (the file is cut short)");
+        return 0;
+      }
+      ZSTD_inBuffer in{buf_.data() + pos_, end_ - pos_, 0};
+      ZSTD_outBuffer o{out, n, 0};
+      const std::size_t rc = ZSTD_decompressStream(zstd_, &o, &in);
+      if (ZSTD_isError(rc)) fail(fmt::format("not valid zstd data ({})", ZSTD_getErrorName(rc)));
+      pos_ += in.pos;
+      zstd_pending_ = rc != 0;  // 0: a frame is complete
+      if (o.pos > 0) return o.pos;
+    }
+#else
+    (void)out;
+    (void)n;
+    return 0;
+#endif
+  }
+
+  int fd_ = -1;
+  bool owned_ = false;
+  std::istream* in_ = nullptr;
+  std::string name_;
+  Kind kind_ = Kind::unknown;
+  std::vector<char> buf_;  // compressed input, and the first bytes of any input
+  std::size_t pos_ = 0, end_ = 0;
+  bool raw_eof_ = false;
+  std::uint64_t raw_bytes_ = 0;
+  z_stream z_{};
+  bool member_done_ = false;
+#if CUPOOL_HAVE_ZSTD
+  ZSTD_DStream* zstd_ = nullptr;
+  bool zstd_pending_ = false;
+#endif
+};
+
 TraceReader::TraceReader(std::istream& in, std::string source_name)
-    : in_(in), source_(std::move(source_name)), buf_(kInitialBuffer) {
+    : TraceReader(std::make_unique<TraceInputStream>(in, valid_utf8(source_name)), source_name) {}
+
+TraceReader::TraceReader(std::unique_ptr<TraceInputStream> in, std::string source_name)
+    : in_(std::move(in)), source_(valid_utf8(source_name)), buf_(kInitialBuffer) {
   read_header();
 }
+
+TraceReader::~TraceReader() = default;
+
+std::unique_ptr<TraceReader> TraceReader::open(const std::string& path) {
+  if (path == "-") return std::unique_ptr<TraceReader>(new TraceReader(std::make_unique<TraceInputStream>(0, false, "-"), path));
+  const std::string name = valid_utf8(path);
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    if (errno == ENOENT) throw TraceError(name + ": cannot open: no such file");
+    throw TraceError(fmt::format("{}: cannot open for reading: {}", name, std::strerror(errno)));
+  }
+  auto in = std::make_unique<TraceInputStream>(fd, true, name);
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) throw TraceError(name + ": is a directory, not a trace");
+  return std::unique_ptr<TraceReader>(new TraceReader(std::move(in), path));
+}
+
+std::uint64_t TraceReader::bytes_read() const { return in_->raw_bytes(); }
+
+const char* TraceReader::compression() const { return in_->compression(); }
 
 void TraceReader::fail(const std::string& what) const {
   if (last_line_cut_)
@@ -408,7 +671,7 @@ bool TraceReader::read_line(std::string_view& line) {
         begin_ += len + 1;
         ++line_;
         last_line_cut_ = false;
-        return true;
+        break;
       }
     }
     if (eof_) {
@@ -417,7 +680,7 @@ bool TraceReader::read_line(std::string_view& line) {
       begin_ = end_;
       ++line_;
       last_line_cut_ = true;
-      return true;
+      break;
     }
     // Keep the partial line, make room, read more.
     if (begin_ > 0) {
@@ -432,15 +695,16 @@ bool TraceReader::read_line(std::string_view& line) {
       }
       buf_.resize(buf_.size() * 2);
     }
-    in_.read(buf_.data() + end_, static_cast<std::streamsize>(buf_.size() - end_));
-    const auto got = static_cast<std::size_t>(in_.gcount());
+    const std::size_t got = in_->read(buf_.data() + end_, buf_.size() - end_);
     end_ += got;
-    if (got == 0 || !in_) {
-      if (in_.bad()) throw TraceError(fmt::format("{}: read error", source_));
-      if (got == 0) eof_ = true;
-      if (in_.eof()) eof_ = true;
-    }
+    if (got == 0) eof_ = true;
   }
+  // Bad UTF-8 becomes U+FFFD here, before any parser sees the line (docs/trace-format.md).
+  if (!is_ascii(line) && !is_valid_utf8(line)) {
+    fixed_ = valid_utf8(line);
+    line = fixed_;
+  }
+  return true;
 }
 
 void TraceReader::read_header() {

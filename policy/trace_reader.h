@@ -2,12 +2,17 @@
 // Event lines go through a hand-written parser (flat objects, known keys in any order, unknown
 // keys skipped) with no heap allocation per event; nlohmann is used only for the few header,
 // device and footer lines.
+//
+// A trace compressed with gzip (or zstd, when built with libzstd) is decompressed as it is read,
+// recognised by its first bytes, whatever its name. Bytes that are not valid UTF-8 become U+FFFD
+// as each line is read, so every string the reader hands out is valid UTF-8.
 #pragma once
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <istream>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -67,10 +72,22 @@ struct Footer {
   std::vector<DeviceInfo> devices;
 };
 
+// `s` with every byte that does not begin a well-formed UTF-8 sequence replaced by U+FFFD: the
+// one policy for bad bytes (the trace writer's append_json_string() writes the same).
+std::string valid_utf8(std::string_view s);
+
+class TraceInputStream;  // trace_reader.cpp: the file or stream, decompressed
+
 class TraceReader {
  public:
   // Reads and checks the header line; throws TraceError (also for a newer major version).
   TraceReader(std::istream& in, std::string source_name);
+  // Opens the file `path` ("-": standard input) and reads its header. Throws TraceError naming
+  // the path and what is wrong (missing, a directory, unreadable, not a trace).
+  static std::unique_ptr<TraceReader> open(const std::string& path);
+  ~TraceReader();
+  TraceReader(const TraceReader&) = delete;
+  TraceReader& operator=(const TraceReader&) = delete;
 
   const Header& header() const { return header_; }
 
@@ -89,9 +106,14 @@ class TraceReader {
   // The line last read (1 is the header).
   std::uint64_t line_number() const { return line_; }
   const std::string& source() const { return source_; }
+  // Bytes taken from the file so far (compressed bytes when it is compressed), for progress.
+  std::uint64_t bytes_read() const;
+  // "gzip", "zstd", or "" for a plain trace.
+  const char* compression() const;
 
  private:
   enum class Parsed { event, skipped };
+  TraceReader(std::unique_ptr<TraceInputStream> in, std::string source_name);
   bool read_line(std::string_view& line);
   Parsed parse_line(std::string_view line, Event& out);
   bool parse_event(std::string_view line, Event& out);  // false: a kind from a newer minor version
@@ -100,7 +122,7 @@ class TraceReader {
   void add_device(DeviceInfo d);
   [[noreturn, gnu::cold]] void fail(const std::string& what) const;
 
-  std::istream& in_;
+  std::unique_ptr<TraceInputStream> in_;
   std::string source_;
   Header header_;
   std::optional<Footer> footer_;
@@ -114,6 +136,7 @@ class TraceReader {
   std::size_t begin_ = 0, end_ = 0;
   bool eof_ = false;
   std::string scratch_;  // decoded names, reused
+  std::string fixed_;    // the current line with its bad UTF-8 replaced (rare)
 };
 
 }  // namespace cupool

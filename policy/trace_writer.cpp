@@ -17,6 +17,7 @@
 
 #include "log.h"
 #include "options.h"
+#include "output_file.h"
 
 #ifndef CUPOOL_VERSION
 #define CUPOOL_VERSION "0.1.0"
@@ -118,15 +119,6 @@ std::uint32_t round_up_pow2(std::uint32_t n) {
   return c;
 }
 
-bool has_pid_placeholder(const std::string& pattern) {
-  for (std::size_t i = 0; i + 1 < pattern.size(); ++i) {
-    if (pattern[i] != '%') continue;
-    if (pattern[i + 1] == 'p') return true;
-    ++i;  // "%%" and others: skip the escaped character
-  }
-  return false;
-}
-
 // Whether this process was started by another process tracing to the same CUPOOL_TRACE (an
 // exec'd child: JAX runs ptxas dozens of times; worker processes). The first such process puts
 // "<pid>:<pattern>" in the environment its children inherit; a child that traces elsewhere is a
@@ -221,6 +213,15 @@ struct Out {
 
 }  // namespace
 
+bool has_pid_placeholder(std::string_view pattern) {
+  for (std::size_t i = 0; i + 1 < pattern.size(); ++i) {
+    if (pattern[i] != '%') continue;
+    if (pattern[i + 1] == 'p') return true;
+    ++i;  // "%%" and others: skip the escaped character
+  }
+  return false;
+}
+
 // ---- construction, open, close -------------------------------------------------------------
 
 TraceWriter::TraceWriter(const Config& config)
@@ -251,11 +252,12 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const Config& config, std::string
 TraceWriter::~TraceWriter() { close(); }
 
 bool TraceWriter::open_file_locked(std::string* error) {
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string why;
+  fd_ = open_output_file(path_, false, &why);
   if (fd_ < 0) {
     std::string line = "cupool: CUPOOL_TRACE: cannot write the trace to ";
     append_json_string(line, path_);
-    *error = line + ": " + std::strerror(errno);
+    *error = line + ": " + why;
     return false;
   }
   io_failed_ = false;

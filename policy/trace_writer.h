@@ -23,9 +23,14 @@
 
 namespace cupool {
 
+// Does a CUPOOL_TRACE pattern hold "%p" ("%%p" is a literal "%p")? With it, every process writes
+// the pattern expanded for its pid; without it, processes after the first write "<path>.<pid>".
+bool has_pid_placeholder(std::string_view pattern);
+
 class TraceWriter final : public EventSink {
  public:
   // Creates (truncates) the file Config::trace_path names, "%p" expanded, and writes the header.
+  // The file is opened as policy/output_file.h says: no symbolic link followed, mode 0600.
   // On failure returns null and sets *error to one line "cupool: CUPOOL_TRACE: ...".
   static std::unique_ptr<TraceWriter> open(const Config& config, std::string* error);
   ~TraceWriter() override;  // close()

@@ -337,7 +337,9 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
         a.latency.add(e.dur_ns, e.timed_for);  // a sampled timing stands for its sample
       else
         ++a.untimed;
-      if (e.kind == EventKind::alloc && e.rc == 0) a.bytes += e.size;
+      // Saturates: a sum past 2^64 - 1 says "at least this much", not a small number.
+      if (e.kind == EventKind::alloc && e.rc == 0 && __builtin_add_overflow(a.bytes, e.size, &a.bytes))
+        a.bytes = ~std::uint64_t{0};
     }
   }
 

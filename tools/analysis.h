@@ -159,7 +159,7 @@ struct ApiStats {
   std::array<std::uint64_t, static_cast<int>(trace::Path::count_)> per_path{};
   std::uint64_t count = 0;
   std::uint64_t failures = 0;  // rc != 0
-  std::uint64_t bytes = 0;
+  std::uint64_t bytes = 0;     // successful allocations, summed; saturates at 2^64 - 1
   LatencyHistogram latency;    // alloc and free calls only, weighted by timed_for
   std::uint64_t untimed = 0;   // alloc and free calls without a timing (trace format 2.0)
 };

@@ -29,12 +29,16 @@ Args::Args(std::vector<std::string> args, std::vector<std::string_view> value_op
         inline_value = a.substr(eq + 1);
       }
       if (is(value_options, name)) {
-        if (inline_value) {
-          values_.emplace_back(name, *inline_value);
-        } else {
-          if (i + 1 >= args.size()) throw UsageError(name + " needs a value");
-          values_.emplace_back(name, args[++i]);
+        if (!inline_value) {
+          // "--trace -- prog" is a missing value, not a file named "--"; so is "--trace --policy".
+          if (i + 1 >= args.size() || args[i + 1].rfind("--", 0) == 0)
+            throw UsageError(name + " needs a value" +
+                             (i + 1 < args.size() ? " (got \"" + args[i + 1] + "\"; write " + name + "=VALUE for a value that begins with --)" : ""));
+          inline_value = args[++i];
         }
+        // An empty value would silently mean "not given" (CUPOOL_TRACE= turns tracing off).
+        if (inline_value->empty()) throw UsageError(name + " needs a value (it is empty)");
+        values_.emplace_back(name, *inline_value);
       } else if (is(flag_options, name) && !inline_value) {
         flags_.push_back(name);
       } else {

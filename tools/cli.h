@@ -24,7 +24,8 @@ struct UsageError : std::runtime_error {
 };
 
 // Options of one subcommand: "--name VALUE", "--name=VALUE", flags "--name", and positionals.
-// "--" ends the options; what follows is positional (the program of `run`).
+// "--" ends the options; what follows is positional (the program of `run`). A value may not be
+// empty, and "--name VALUE" takes no VALUE that begins with "--" (use "--name=--x").
 class Args {
  public:
   Args(std::vector<std::string> args, std::vector<std::string_view> value_options,

@@ -3,6 +3,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "output.h"
 #include "perfetto.h"
 
 namespace cupool::tools {
@@ -40,31 +41,19 @@ int cmd_export(const std::vector<std::string>& raw) {
     if (!output) return usage_error(cmd, "no output file given (-o FILE)");
     const std::uint64_t slow = args.value("--slow") ? parse_duration_ns(*args.value("--slow"), "--slow") : 100'000;
 
-    std::FILE* out = *output == "-" ? stdout : std::fopen(output->c_str(), "wb");
-    if (!out) {
-      std::perror(("cupool export: " + *output).c_str());
-      return kExitInternal;
-    }
-    static char buffer[1 << 20];
-    std::setvbuf(out, buffer, _IOFBF, sizeof buffer);
+    // Opened before the traces are read: a path that cannot be written is said at once.
+    OutputFile out(*output, true);
     Analysis a;
-    PerfettoWriter writer(out, a, slow);
-    int code = kExitOk;
+    PerfettoWriter writer(out.stream(), a, slow);
     try {
       analyze(args.positional(), a, !args.flag("--no-progress"), "cupool export", &writer);
       writer.finish();
     } catch (const TraceError& e) {
       std::fprintf(stderr, "cupool export: %s\n", e.what());
-      code = kExitBadTrace;
+      return kExitBadTrace;  // the output file is left as it was
     }
-    const bool write_failed = std::fflush(out) != 0 || std::ferror(out);
-    if (out != stdout && std::fclose(out) != 0) code = code ? code : kExitInternal;
-    if (write_failed && !code) {
-      std::fprintf(stderr, "cupool export: cannot write %s\n", output->c_str());
-      code = kExitInternal;
-    }
-    if (code && out != stdout) std::remove(output->c_str());
-    return code;
+    out.commit();
+    return kExitOk;
   } catch (const UsageError& e) {
     return usage_error(cmd, e.what());
   }

@@ -204,12 +204,12 @@ int cmd_replay(const std::vector<std::string>& raw) {
         policies.push_back(j);
       }
       nlohmann::json traces = nlohmann::json::array();
-      for (const auto& p : args.positional()) traces.push_back(p);
+      for (const auto& s : recorded.sources()) traces.push_back(s.meta.path);
       nlohmann::json out = {{"format", "cupool-replay"}, {"version", 1}, {"traces", traces},
                             {"events", recorded.events()}, {"skipped", replayer.skipped()},
                             {"recorded", numbers_json(recorded, nullptr)}, {"policies", policies},
                             {"out_of_memory", any_oom}};
-      std::string text = out.dump(2);
+      std::string text = out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fputc('\n', stdout);
       return any_oom ? kExitOutOfMemory : kExitOk;

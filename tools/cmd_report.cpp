@@ -1,10 +1,10 @@
 // cupool report: what one or more traces say, as text, JSON or an HTML page.
 #include <cstdio>
-#include <fstream>
 
 #include "analysis.h"
 #include "cli.h"
 #include "commands.h"
+#include "output.h"
 #include "report.h"
 
 namespace cupool::tools {
@@ -18,7 +18,7 @@ const char* const kReportHelp =
     "latency p50/p99/max per API, calls per API and path, the largest allocations, every\n"
     "out-of-memory with its class and the pool's state, and writer drops. Several traces (ranks of\n"
     "a job, processes on one GPU) are merged by time, shown side by side and summed per device.\n"
-    "TRACE may be - for standard input.\n"
+    "TRACE may be - for standard input; traces compressed with gzip or zstd are read as they are.\n"
     "\n"
     "options:\n"
     "  --json          print JSON instead of text\n"
@@ -45,16 +45,13 @@ int cmd_report(const std::vector<std::string>& raw) {
       return kExitBadTrace;
     }
     if (auto html = args.value("--html")) {
-      std::ofstream out(*html, std::ios::binary | std::ios::trunc);
-      out << report_html(a);
-      out.close();
-      if (!out) {
-        std::fprintf(stderr, "cupool report: cannot write %s\n", html->c_str());
-        return kExitInternal;
-      }
+      OutputFile out(*html, false);
+      const std::string page = report_html(a);
+      std::fwrite(page.data(), 1, page.size(), out.stream());
+      out.commit();
     }
     if (args.flag("--json")) {
-      std::string text = report_json(a).dump(2);
+      std::string text = report_json(a).dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fputc('\n', stdout);
     } else {

@@ -1,9 +1,11 @@
 // cupool run: preload libcupool.so into a program, wait for it, summarise its trace.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -17,7 +19,9 @@
 #include "analysis.h"
 #include "cli.h"
 #include "commands.h"
+#include "event_clock.h"
 #include "options.h"
+#include "trace_writer.h"
 
 extern char** environ;
 
@@ -36,8 +40,9 @@ const char* const kRunHelp =
     "  --preallocate SIZE    CUPOOL_PREALLOCATE: what the preallocate policy takes up front\n"
     "  --free sync|deferred  CUPOOL_FREE\n"
     "  --trace PATH          CUPOOL_TRACE (%p: the process id). Default: CUPOOL_TRACE from the\n"
-    "                        environment, else $TMPDIR/cupool-%p.jsonl (TMPDIR defaults to /tmp);\n"
-    "                        the trace is kept, for cupool report\n"
+    "                        environment, else $TMPDIR/cupool-UID/runN-%p.jsonl (a private directory;\n"
+    "                        TMPDIR defaults to /tmp; N is cupool's pid); the traces are kept, for\n"
+    "                        cupool report; the summary covers every traced process of the run\n"
     "  --takeover            turn the frameworks' own caches off so every tensor goes through cupool:\n"
     "                        PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform,\n"
     "                        XLA_PYTHON_CLIENT_PREALLOCATE=false, TF_GPU_ALLOCATOR=cuda_malloc\n"
@@ -51,6 +56,12 @@ const char* const kRunHelp =
     "found, 126 if it could not be executed; 2 for a usage error (bad option or CUPOOL_* value).\n";
 
 namespace {
+
+std::string octal_mode(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "0%o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
 
 bool is_file(const std::string& p) {
   struct stat st{};
@@ -120,31 +131,134 @@ extern "C" void forward_signal(int sig) {
   if (g_child > 0) ::kill(g_child, sig);
 }
 
-void print_summary(const std::string& trace_path) {
-  if (!is_file(trace_path)) {
+// The directory of the traces `cupool run` names itself: $TMPDIR/cupool-<uid>. In a shared /tmp,
+// another user could otherwise plant links or files where the traces go.
+std::string private_trace_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp && *tmp ? tmp : "/tmp") + "/cupool-" + std::to_string(::geteuid());
+}
+
+// Creates `dir` (0700) if it is missing. Returns "" when it is safe to use, else why not.
+std::string make_private_trace_dir(const std::string& dir) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return dir + ": " + std::strerror(errno);
+  struct stat st{};
+  if (::lstat(dir.c_str(), &st) != 0) return dir + ": " + std::strerror(errno);
+  if (S_ISLNK(st.st_mode)) return dir + ": it is a symbolic link, not a directory of yours";
+  if (!S_ISDIR(st.st_mode)) return dir + ": it is not a directory";
+  if (st.st_uid != ::geteuid()) return dir + ": it belongs to another user (uid " + std::to_string(st.st_uid) + ")";
+  if (st.st_mode & 077) return dir + ": other users have access to it (mode " + octal_mode(st.st_mode) + "; chmod 700 it)";
+  return {};
+}
+
+// Does `name` match `pattern`, in which %p stands for one or more digits and %% for '%'?
+bool matches_pattern(std::string_view pattern, std::string_view name) {
+  while (!pattern.empty()) {
+    if (pattern.size() >= 2 && pattern[0] == '%' && pattern[1] == 'p') {
+      std::size_t digits = 0;
+      while (digits < name.size() && name[digits] >= '0' && name[digits] <= '9') ++digits;
+      for (std::size_t k = digits; k >= 1; --k)
+        if (matches_pattern(pattern.substr(2), name.substr(k))) return true;
+      return false;
+    }
+    const std::size_t step = pattern.size() >= 2 && pattern[0] == '%' && pattern[1] == '%' ? 2 : 1;
+    if (name.empty() || name[0] != pattern[0]) return false;
+    pattern.remove_prefix(step);
+    name.remove_prefix(1);
+  }
+  return name.empty();
+}
+
+// Every trace of the run: each process the program started writes its own (docs/trace-format.md,
+// "Fork, and programs a traced program starts"): the pattern with %p expanded, or without %p the
+// path and "<path>.<pid>". Those in the pattern's directory that are ours, were opened between
+// `from` and `to` (monotonic ns) and say they were written for this CUPOOL_TRACE. The program's
+// own first, then by start time.
+std::vector<std::string> run_traces(const std::string& pattern, pid_t child, std::uint64_t from, std::uint64_t to) {
+  const std::size_t slash = pattern.rfind('/');
+  const std::string dir_pattern = slash == std::string::npos ? "" : pattern.substr(0, slash + 1);
+  const std::string base = slash == std::string::npos ? pattern : pattern.substr(slash + 1);
+  std::vector<std::string> candidates;
+  if (has_pid_placeholder(dir_pattern)) {
+    candidates.push_back(expand_trace_path(pattern, child));  // one process's, as before
+  } else {
+    const std::string dir = expand_trace_path(dir_pattern, 0);  // only %% to expand
+    const bool pid_in_name = has_pid_placeholder(base);
+    const std::string root = expand_trace_path(base, 0);
+    if (DIR* d = ::opendir(dir.empty() ? "." : dir.c_str())) {
+      while (const dirent* entry = ::readdir(d)) {
+        const std::string_view name = entry->d_name;
+        bool ok = pid_in_name ? matches_pattern(base, name) : name == root;
+        if (!ok && !pid_in_name && name.size() > root.size() + 1 && name.substr(0, root.size() + 1) == root + ".")
+          ok = name.find_first_not_of("0123456789", root.size() + 1) == std::string_view::npos;
+        if (ok) candidates.push_back(dir + std::string(name));
+      }
+      ::closedir(d);
+    }
+  }
+  struct Found {
+    std::string path;
+    bool own;
+    std::uint64_t start;
+  };
+  std::vector<Found> found;
+  const std::string wanted = valid_utf8(pattern);
+  for (const std::string& path : candidates) {
+    struct stat st{};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    try {
+      const auto reader = TraceReader::open(path);
+      const Header& h = reader->header();
+      const auto trace = h.config.find("trace");
+      if (h.start_mono_ns < from || h.start_mono_ns > to || trace == h.config.end() || *trace != wanted) continue;
+      found.push_back(Found{path, h.pid == child, h.start_mono_ns});
+    } catch (const TraceError&) {
+      continue;  // not a trace of this run
+    }
+  }
+  std::sort(found.begin(), found.end(), [](const Found& a, const Found& b) {
+    return a.own != b.own ? a.own : a.start != b.start ? a.start < b.start : a.path < b.path;
+  });
+  std::vector<std::string> out;
+  for (auto& f : found) out.push_back(std::move(f.path));
+  return out;
+}
+
+void print_summary(const std::vector<std::string>& traces, const std::string& child_trace) {
+  if (traces.empty()) {
     std::fprintf(stderr,
                  "cupool: no trace at %s: the program did not load libcupool.so or allocated no device memory "
                  "(a statically linked or setuid program cannot be preloaded)\n",
-                 trace_path.c_str());
+                 child_trace.c_str());
     return;
   }
   Analysis a;
   try {
-    analyze({trace_path}, a, false, "cupool run");
+    analyze(traces, a, false, "cupool run");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cupool: cannot read the trace: %s\n", e.what());
     return;
   }
-  const SourceStats& s = a.sources().front();
   std::string line = "cupool:";
-  if (s.devices.empty()) line += " no device memory was allocated;";
-  for (const auto& [dev, d] : s.devices) {
-    line += " device " + std::to_string(dev) + ": peak in use " + human_size(d.peak_in_use) + ", peak reserved " +
-            human_size(d.peak_reserved) + ";";
+  std::uint64_t dropped = 0;
+  for (const SourceStats& s : a.sources()) dropped += s.dropped;
+  if (traces.size() == 1) {
+    for (const auto& [dev, d] : a.sources().front().devices)
+      line += " device " + std::to_string(dev) + ": peak in use " + human_size(d.peak_in_use) + ", peak reserved " +
+              human_size(d.peak_reserved) + ";";
+  } else {
+    // Several processes: the peaks of their sum at each moment (what the device had to hold).
+    line += " " + std::to_string(traces.size()) + " processes traced;";
+    for (const auto& [dev, t] : a.totals())
+      line += " device " + std::to_string(dev) + ": peak in use " + human_size(t.peak_in_use) + ", peak reserved " +
+              human_size(t.peak_reserved) + " (all processes);";
   }
-  line += " " + std::to_string(s.oom_count) + " out of memory;";
-  if (s.dropped) line += " " + std::to_string(s.dropped) + " events dropped by the writer;";
-  line += " trace " + trace_path;
+  if (a.totals().empty()) line += " no device memory was allocated;";
+  line += " " + std::to_string(a.oom_count()) + " out of memory;";
+  if (dropped) line += " " + std::to_string(dropped) + " events dropped by the writer;";
+  constexpr std::size_t kListed = 8;
+  line += traces.size() == 1 ? " trace " : " traces ";
+  for (std::size_t i = 0; i < traces.size() && i < kListed; ++i) line += (i ? " " : "") + traces[i];
+  if (traces.size() > kListed) line += " and " + std::to_string(traces.size() - kListed) + " more";
   std::fprintf(stderr, "%s\n", line.c_str());
 }
 
@@ -168,13 +282,15 @@ int cmd_run(const std::vector<std::string>& raw) {
     if (auto v = args.value("--preallocate")) set["CUPOOL_PREALLOCATE"] = *v;
     if (auto v = args.value("--free")) set["CUPOOL_FREE"] = *v;
     std::string trace_pattern;
+    const char* env_trace = std::getenv("CUPOOL_TRACE");
+    const bool default_trace = !args.value("--trace") && !(env_trace && *env_trace);
     if (auto v = args.value("--trace")) {
       trace_pattern = *v;
-    } else if (const char* env = std::getenv("CUPOOL_TRACE"); env && *env) {
-      trace_pattern = env;
+    } else if (!default_trace) {
+      trace_pattern = env_trace;
     } else {
-      const char* tmp = std::getenv("TMPDIR");
-      trace_pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/cupool-%p.jsonl";
+      // cupool's pid keeps this run's traces apart from those of runs beside it.
+      trace_pattern = private_trace_dir() + "/run" + std::to_string(::getpid()) + "-%p.jsonl";
     }
     set["CUPOOL_TRACE"] = trace_pattern;
 
@@ -187,6 +303,13 @@ int cmd_run(const std::vector<std::string>& raw) {
       std::string msg = err->message;
       if (msg.rfind("cupool: ", 0) == 0) msg = msg.substr(8);
       return usage_error(cmd, msg);
+    }
+
+    if (default_trace) {  // made only now: a usage error leaves nothing behind
+      if (const std::string why = make_private_trace_dir(private_trace_dir()); !why.empty()) {
+        std::fprintf(stderr, "cupool run: cannot keep traces in %s\n", why.c_str());
+        return kExitInternal;
+      }
     }
 
     std::string tried;
@@ -217,6 +340,7 @@ int cmd_run(const std::vector<std::string>& raw) {
     argv.push_back(nullptr);
 
     std::fflush(nullptr);
+    const std::uint64_t started = monotonic_ns();
     const pid_t child = ::fork();
     if (child < 0) {
       std::fprintf(stderr, "cupool run: fork: %s\n", std::strerror(errno));
@@ -247,7 +371,7 @@ int cmd_run(const std::vector<std::string>& raw) {
         return kExitInternal;
       }
     }
-    const std::string trace_path = expand_trace_path(trace_pattern, child);
+    const std::uint64_t ended = monotonic_ns();
     int code = 0;
     if (WIFEXITED(status)) {
       code = WEXITSTATUS(status);
@@ -255,7 +379,11 @@ int cmd_run(const std::vector<std::string>& raw) {
       code = 128 + WTERMSIG(status);
       std::fprintf(stderr, "cupool: %s was killed by signal %d (%s)\n", argv[0], WTERMSIG(status), strsignal(WTERMSIG(status)));
     }
-    if (!args.flag("--no-summary")) print_summary(trace_path);
+    if (!args.flag("--no-summary"))
+      // 1 ms either side: the traces' clock may be the TSC fitted to CLOCK_MONOTONIC, within
+      // microseconds of it (policy/event_clock.h).
+      print_summary(run_traces(trace_pattern, child, started - 1'000'000, ended + 1'000'000),
+                    expand_trace_path(trace_pattern, child));
     return code;
   } catch (const UsageError& e) {
     return usage_error(cmd, e.what());

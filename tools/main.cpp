@@ -7,6 +7,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "output.h"
 
 #ifndef CUPOOL_VERSION
 #define CUPOOL_VERSION "unknown"
@@ -27,16 +28,10 @@ const char* const kMainHelp =
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+
+int run_command(const std::string& command, const std::vector<std::string>& args) {
   using namespace cupool::tools;
-  std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty()) {
-    std::fputs(kMainHelp, stderr);
-    std::fprintf(stderr, "\n%s", kExitCodesHelp);
-    return kExitUsage;
-  }
-  const std::string command = args.front();
-  args.erase(args.begin());
   if (command == "--help" || command == "-h" || command == "help") {
     std::fputs(kMainHelp, stdout);
     std::printf("\n%s", kExitCodesHelp);
@@ -57,6 +52,25 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "cupool: unknown command \"%s\"\n\n%s", command.c_str(), kMainHelp);
   return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace cupool::tools;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(kMainHelp, stderr);
+    std::fprintf(stderr, "\n%s", kExitCodesHelp);
+    return kExitUsage;
+  }
+  const std::string command = args.front();
+  args.erase(args.begin());
+  const int code = run_command(command, args);
+  // Output lost to a full disk or a closed pipe is a failure, not a success with nothing to
+  // show (`run` writes nothing there but --help: its status stays the program's).
+  if (!flush_stdout(command.c_str()) && (code == kExitOk || code == kExitOutOfMemory)) return kExitInternal;
+  return code;
 }
 
 namespace cupool::tools {

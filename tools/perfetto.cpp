@@ -12,7 +12,10 @@ using trace::EventKind;
 
 namespace {
 
-std::string json_string(const std::string& s) { return nlohmann::json(s).dump(); }
+// The reader hands out valid UTF-8 only; `replace` keeps a stray byte from aborting the export.
+std::string json_string(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
 
 }  // namespace
 

@@ -174,16 +174,9 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
       case EventKind::alloc: {
         std::uint64_t ptr = 0;
         if (recorded_outside && !run.passthrough) {
+          // A refused charge is one out-of-memory: the pool's own oom event (it emits one, as
+          // for the shim) and the failed call that follows it.
           if (!proc.pool->try_charge_external(e.size)) {
-            trace::Record r;
-            r.kind = EventKind::oom;
-            r.api = "";
-            r.size = e.size;
-            r.device = static_cast<std::int16_t>(e.device);
-            r.oom_class = trace::OomClass::limit;
-            r.has_pool = true;
-            r.pool = proc.pool->state();
-            run.record(r);
             Event failed = e;
             failed.t_ns = run.now;
             failed.ptr = 0;
@@ -291,19 +284,7 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
         // Physical memory outside the pool counts against the cap (the shim charges it so).
         if (!run.passthrough && e.rc == 0) {
           if (e.kind == EventKind::vmm_create) {
-            if (!proc.pool->try_charge_external(e.size)) {
-              trace::Record r;
-              r.kind = EventKind::oom;
-              r.api = "";
-              r.size = e.size;
-              r.device = static_cast<std::int16_t>(e.device);
-              r.oom_class = trace::OomClass::limit;
-              r.rc = 0;
-              r.has_pool = true;
-              r.pool = proc.pool->state();
-              run.record(r);
-              break;
-            }
+            if (!proc.pool->try_charge_external(e.size)) break;  // the pool's oom event says so
             proc.sizes[e.ptr] = e.size;
           } else {
             auto it = proc.sizes.find(e.ptr);

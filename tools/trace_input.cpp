@@ -2,7 +2,7 @@
 
 #include <sys/stat.h>
 
-#include <iostream>
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 namespace cupool::tools {
@@ -38,21 +38,10 @@ std::uint64_t TraceMeta::cap(int device, std::uint64_t device_total) const {
 }
 
 TraceInput::TraceInput(const std::string& path) {
-  meta_.path = path;
-  std::istream* in = &std::cin;
-  if (path == "-") {
-    is_stdin_ = true;
-  } else {
-    struct stat st{};
-    if (::stat(path.c_str(), &st) != 0) throw TraceError(path + ": cannot open: no such file");
-    if (S_ISDIR(st.st_mode)) throw TraceError(path + ": is a directory, not a trace");
-    size_ = static_cast<std::uint64_t>(st.st_size);
-    file_.open(path, std::ios::binary);
-    if (!file_) throw TraceError(path + ": cannot open for reading");
-    // Large reads: the reader is line-oriented and the trace may be gigabytes.
-    in = &file_;
-  }
-  reader_ = std::make_unique<TraceReader>(*in, path);
+  meta_.path = valid_utf8(path);
+  reader_ = TraceReader::open(path);
+  struct stat st{};
+  if (path != "-" && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) size_ = static_cast<std::uint64_t>(st.st_size);
   const auto& h = reader_->header();
   meta_.pid = h.pid;
   meta_.cmdline = h.cmdline;
@@ -86,10 +75,6 @@ std::uint64_t TraceInput::dropped() const { return reader_->dropped(); }
 
 bool TraceInput::has_footer() const { return reader_->footer().has_value(); }
 
-std::uint64_t TraceInput::bytes_read() {
-  if (is_stdin_) return 0;
-  const auto pos = file_.tellg();
-  return pos < 0 ? size_ : static_cast<std::uint64_t>(pos);
-}
+std::uint64_t TraceInput::bytes_read() { return size_ ? std::min(reader_->bytes_read(), size_) : 0; }
 
 }  // namespace cupool::tools

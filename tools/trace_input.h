@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -16,7 +15,7 @@ namespace cupool::tools {
 using DeviceInfo = cupool::DeviceInfo;  // index, name, total_bytes
 
 struct TraceMeta {
-  std::string path;                  // as given on the command line
+  std::string path;                  // as given on the command line (bad UTF-8 replaced)
   std::int64_t pid = 0;
   std::vector<std::string> cmdline;
   std::string policy;                // from the recorded configuration ("" when absent)
@@ -29,7 +28,8 @@ struct TraceMeta {
 
 class TraceInput {
  public:
-  // "-" reads standard input. Throws TraceError when the file cannot be opened or its header read.
+  // "-" reads standard input. A gzip or zstd trace is decompressed as it is read. Throws
+  // TraceError when the file cannot be opened or its header read.
   explicit TraceInput(const std::string& path);
   ~TraceInput();
   TraceInput(const TraceInput&) = delete;
@@ -48,11 +48,9 @@ class TraceInput {
   std::uint64_t line() const { return reader_->line_number(); }  // of the event last read
 
  private:
-  std::ifstream file_;
   std::unique_ptr<TraceReader> reader_;
   TraceMeta meta_;
   std::uint64_t size_ = 0;
-  bool is_stdin_ = false;
   std::string truncated_;
 };
 

@@ -13,16 +13,23 @@ CHECK:
   run --shim LIB --sim-dir DIR --program PROG
                       cupool run on the simulated CUDA: preload, exit status and signal, takeover,
                       summary, and report/replay/export on the trace it wrote
-  cli                 --help, --version, usage errors and exit codes
+  cli                 --help, --version, usage errors and exit codes; output files (no link
+                      followed, never left half-written) and standard output errors (exit 4)
+  input               compressed traces (gzip, zstd: recognised by their bytes) and traces holding
+                      bytes that are not UTF-8: every output is valid UTF-8
   perf [--events N]   report's reading speed on a generated trace (CPU time of the child)
 """
 import argparse
+import gzip
+import importlib.util
+import io
 import json
 import os
 import random
 import re
 import resource
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -65,6 +72,28 @@ class Cupool:
 
 def gen(opts, scenario, out, *extra):
     subprocess.run([sys.executable, opts.gen, scenario, out, *extra], check=True)
+
+
+def hand_trace(opts, path, build, policy="growth", cmdline=("prog",), raw=None):
+    """A trace written by `build(writer)` with gen_trace.py's Writer; `raw` maps markers in the
+    text to the bytes that replace them (bytes that are not UTF-8, which JSON text cannot hold)."""
+    spec = importlib.util.spec_from_file_location("gen_trace", opts.gen)
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    out = io.StringIO()
+    w = g.Writer(out, 4242, list(cmdline), g.config(policy))
+    build(w)
+    w.footer()
+    data = out.getvalue().encode()
+    for marker, replacement in (raw or {}).items():
+        data = data.replace(marker.encode(), replacement)
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def run_bytes(cupool, *args, cwd=None, **kw):
+    """cupool's output as bytes (to check that it is valid UTF-8)."""
+    return subprocess.run([cupool, *args], cwd=cwd, capture_output=True, timeout=300, **kw)
 
 
 def make_traces(opts, d):
@@ -191,6 +220,30 @@ def cmd_replay(opts):
         p = cupool("replay", "replay.jsonl", "--policy", "bogus", check_rc=2)
         check("CUPOOL_POLICY" in p.stderr, "bad policy message names CUPOOL_POLICY: " + p.stderr)
         cupool("replay", "replay.jsonl", "--capacity", "lots", check_rc=2)
+        p = cupool("replay", "replay.jsonl", "--preallocate", "1", check_rc=2)
+        check("CUPOOL_PREALLOCATE" in p.stderr and "2MiB" in p.stderr, "--preallocate 1 (one byte): " + p.stderr)
+
+        # Memory the recorded pool did not serve (managed allocations: no pool fields), refused by
+        # the replayed preallocate pool: each refusal is one out-of-memory, as the shim counts it.
+        # A 64 MiB device: 48 MiB preallocated, 16 MiB left: two 8 MiB allocations fit, three do
+        # not; then a cuMemCreate that does not fit either (an oom, no failed allocation).
+        def managed(w):
+            w.device(0, "Sim", 64 * MiB)
+            w.t += 1000
+            w.event("alloc", api="cudaMalloc", path="symbol", size=MiB, ptr=0x7F0000000000,
+                    pool={"reserved": 48 * MiB, "in_use": MiB, "largest_free": 47 * MiB, "quarantined": 0,
+                          "free_blocks": 1})
+            for i in range(5):
+                w.t += 1000
+                w.event("alloc", api="cudaMallocManaged", path="symbol", size=8 * MiB, ptr=0x7E0000000000 + i * 8 * MiB)
+            w.t += 1000
+            w.event("vmm_create", api="cuMemCreate", path="symbol", size=8 * MiB, ptr=0x1000)
+
+        hand_trace(opts, os.path.join(d, "managed.jsonl"), managed, policy="preallocate")
+        r = json.loads(cupool("replay", "--json", "managed.jsonl", "--policy", "preallocate", check_rc=1).stdout)
+        pre = r["policies"][0]
+        check(pre["devices"][0]["failed_allocs"] == 3, f"managed replay: {pre['devices'][0]['failed_allocs']} failed, expected 3")
+        check(pre["oom_count"] == 4, f"managed replay: {pre['oom_count']} out of memory, expected 4 (3 allocations, 1 cuMemCreate)")
     finish()
 
 
@@ -273,6 +326,123 @@ def cmd_fuzz(opts):
             if not check(ok, f"fuzz case {i}: exit {p.returncode}, stderr {p.stderr[:300]!r}"):
                 with open(os.path.join(opts.keep or d, f"fuzz-fail-{i}.jsonl"), "wb") as f:
                     f.write(bytes(data))
+    finish()
+
+
+def cmd_input(opts):
+    MiB = 1 << 20
+    with tempfile.TemporaryDirectory() as d:
+        gen(opts, "training", os.path.join(d, "plain.jsonl"))
+        cupool = Cupool(opts.cupool, d)
+        plain = open(os.path.join(d, "plain.jsonl"), "rb").read()
+
+        def same_report(name, what):
+            """report --json of `name` says what plain.jsonl's does (but for its path)."""
+            p = cupool("report", "--json", "--no-progress", name)
+            if not check(p.returncode == 0, f"{what}: exit {p.returncode}: {p.stderr}"):
+                return
+            want = json.loads(cupool("report", "--json", "--no-progress", "plain.jsonl").stdout)
+            got = json.loads(p.stdout)
+            got["traces"][0]["path"] = "plain.jsonl"
+            check(got == want, f"{what}: the report differs from the uncompressed trace's")
+
+        # gzip, found by its magic bytes whatever the name; several members (cat a.gz b.gz).
+        with gzip.open(os.path.join(d, "t.jsonl.gz"), "wb") as f:
+            f.write(plain)
+        same_report("t.jsonl.gz", "gzip")
+        shutil.copy(os.path.join(d, "t.jsonl.gz"), os.path.join(d, "gzip-named.jsonl"))
+        same_report("gzip-named.jsonl", "gzip named .jsonl")
+        half = len(plain) // 2 + 7  # mid-line
+        with open(os.path.join(d, "members.gz"), "wb") as f:
+            f.write(gzip.compress(plain[:half]) + gzip.compress(plain[half:]))
+        same_report("members.gz", "gzip in two members")
+        # From standard input; through replay and export too.
+        p = subprocess.run([opts.cupool, "report", "--no-progress", "-"], stdin=open(os.path.join(d, "t.jsonl.gz"), "rb"),
+                           capture_output=True, text=True)
+        check(p.returncode == 0 and "peak in use" in p.stdout, f"gzip on standard input: {p.returncode} {p.stderr}")
+        want = cupool("replay", "--json", "--no-progress", "plain.jsonl", "--limit", "300MiB").stdout
+        got = cupool("replay", "--json", "--no-progress", "t.jsonl.gz", "--limit", "300MiB").stdout
+        check(got.replace("t.jsonl.gz", "plain.jsonl") == want, "replay of the gzip trace differs")
+        cupool("export", "--perfetto", "plain.jsonl", "-o", "plain.json", check_rc=0)
+        if cupool("export", "--perfetto", "t.jsonl.gz", "-o", "gz.json", check_rc=0).returncode == 0:
+            check(open(os.path.join(d, "gz.json")).read().replace("t.jsonl.gz", "plain.jsonl") ==
+                  open(os.path.join(d, "plain.json")).read(), "export of the gzip trace differs")
+        # A compressed file cut short is an error that says so, not a silent end.
+        with open(os.path.join(d, "cut.gz"), "wb") as f:
+            f.write(gzip.compress(plain)[:-100])
+        p = cupool("report", "--no-progress", "cut.gz")
+        check(p.returncode == 3 and "cut.gz" in p.stderr and "cut short" in p.stderr, f"cut gzip: {p.returncode} {p.stderr}")
+
+        # zstd, when the command is there to make one.
+        if shutil.which("zstd"):
+            subprocess.run(["zstd", "-q", "-f", os.path.join(d, "plain.jsonl"), "-o", os.path.join(d, "t.jsonl.zst")],
+                           check=True)
+            same_report("t.jsonl.zst", "zstd")
+            shutil.copy(os.path.join(d, "t.jsonl.zst"), os.path.join(d, "zstd-named.jsonl"))
+            same_report("zstd-named.jsonl", "zstd named .jsonl")
+        else:
+            print("zstd is not installed: the zstd case is skipped (apt-get install zstd)")
+
+        # Bytes that are not UTF-8, in the command line, the host, a device name, an API name and
+        # the trace's own file name: every output is valid UTF-8, with U+FFFD in their place.
+        def bad_bytes(w):
+            w.device(0, "GPU@BAD2@", 1 << 30)
+            pool = {"reserved": 32 * MiB, "in_use": MiB, "largest_free": 31 * MiB, "quarantined": 0, "free_blocks": 1}
+            w.t += 1000
+            w.event("grow", size=32 * MiB, ptr=0x7F0000000000, pool=pool)
+            w.event("alloc", api="cudaMalloc@BAD3@", path="symbol", size=MiB, ptr=0x7F0000000000, pool=pool, dur=200_000)
+            w.t += 1000
+            w.event("oom", size=64 * MiB, oom="limit", pool=pool)
+            w.event("alloc", api="cudaMalloc@BAD3@", path="symbol", size=64 * MiB, rc=2, pool=pool)
+
+        everywhere = {"@BAD1@": b"\xff\xfe", "@BAD2@": b"\xe2\x82", "@BAD3@": b"\xc0\xaf"}
+        in_events = {"@BAD1@": b"", "@BAD2@": b"", "@BAD3@": b"\xc0\xaf"}  # only lines the event parser reads
+        for name, raw in ((b"bad\xff.jsonl", everywhere), (b"bad-api.jsonl", in_events)):
+            hand_trace(opts, os.path.join(d.encode(), name), bad_bytes, cmdline=("python@BAD1@", "train.py"), raw=raw)
+            outputs = {
+                "report": (["report", name], None),
+                "report --json": (["report", "--json", name], None),
+                "report --html": (["report", name, "--html", "bad.html"], "bad.html"),
+                "replay": (["replay", name, "--policy", "growth"], None),
+                "replay --json": (["replay", "--json", name, "--policy", "growth"], None),
+                "export --perfetto": (["export", "--perfetto", name, "-o", "bad.json", "--slow", "0"], "bad.json"),
+            }
+            for kind, (args, out_file) in outputs.items():
+                what = f"{kind} {name.decode(errors='replace')}"
+                p = run_bytes(opts.cupool, *args, "--no-progress", cwd=d)
+                if not check(p.returncode == 0, f"{what}: exit {p.returncode}: {p.stderr[-400:]}"):
+                    continue
+                data = open(os.path.join(d, out_file), "rb").read() if out_file else p.stdout
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    check(False, f"{what}: the output is not valid UTF-8: {e}")
+                    continue
+                check("\ufffd" in text, f"{what}: no U+FFFD in place of the bad bytes")
+                if "json" in kind or "export" in kind:
+                    try:
+                        doc = json.loads(text)
+                    except json.JSONDecodeError as e:
+                        check(False, f"{what}: not JSON: {e}")
+                        continue
+                    if kind == "report --json":
+                        t = doc["traces"][0]
+                        check(t["apis"][0]["api"] == "cudaMalloc\ufffd\ufffd", f"api: {t['apis'][0]['api']!r}")
+                        if raw is everywhere:
+                            check(t["cmdline"][0] == "python\ufffd\ufffd", f"cmdline: {t['cmdline']!r}")
+                            check(t["devices"][0]["name"] == "GPU\ufffd\ufffd", f"device name: {t['devices'][0]['name']!r}")
+                            check(t["path"] == "bad\ufffd.jsonl", f"path: {t['path']!r}")
+
+        # Per-API bytes saturate at 2^64 - 1 instead of wrapping around.
+        def huge(w):
+            w.device(0, "Sim", 1 << 63)
+            for i in range(3):
+                w.t += 1000
+                w.event("alloc", api="cudaMalloc", path="symbol", size=1 << 63, ptr=0x1000 + i)
+        hand_trace(opts, os.path.join(d, "huge.jsonl"), huge, policy="passthrough")
+        r = json.loads(cupool("report", "--json", "huge.jsonl", check_rc=0).stdout)
+        api = r["traces"][0]["apis"][0]
+        check(api["bytes"] == (1 << 64) - 1, f"cudaMalloc bytes {api['bytes']}, expected 2^64 - 1 (saturated)")
     finish()
 
 
@@ -415,10 +585,71 @@ def cmd_run(opts):
         cupool("export", "--perfetto", trace, "-o", os.path.join(d, "run.perfetto.json"), check_rc=0)
         json.load(open(os.path.join(d, "run.perfetto.json")))
 
-        # Default trace path: $TMPDIR/cupool-<pid>.jsonl, named in the summary.
-        p = cupool("run", "--", opts.program, env=env)
-        m = re.search(r"trace (\S+/cupool-\d+\.jsonl)$", p.stderr.strip())
+        # Default trace path: $TMPDIR/cupool-<uid>/run<cupool pid>-<pid>.jsonl, named in the
+        # summary: a private directory (0700, ours), a private file (0600) whatever the umask.
+        private = os.path.join(d, f"cupool-{os.geteuid()}")
+        p = subprocess.run([opts.cupool, "run", "--", opts.program], env=env, capture_output=True, text=True,
+                           timeout=300, preexec_fn=lambda: os.umask(0))
+        m = re.search(r"trace (\S+)$", p.stderr.strip())
         check(p.returncode == 0 and m and os.path.exists(m.group(1)), "default trace path:\n" + p.stderr)
+        if m and os.path.exists(m.group(1)):
+            check(re.fullmatch(re.escape(private) + r"/run\d+-\d+\.jsonl", m.group(1)) is not None,
+                  f"default trace {m.group(1)} is not in {private}/")
+            st = os.lstat(private) if os.path.lexists(private) else None
+            check(st and stat.S_ISDIR(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid(),
+                  f"{private}: not a directory of mode 700 and ours: {st}")
+            mode = stat.S_IMODE(os.stat(m.group(1)).st_mode)
+            check(mode == 0o600, f"the trace's mode is {mode:o} under umask 0, expected 600")
+        # A directory at that place that is not safe (a link another user planted, one open to
+        # others) is refused, and the program is not run.
+        for kind in ("link", "open"):
+            tmp = os.path.join(d, "tmp-" + kind)
+            os.mkdir(tmp)
+            target = os.path.join(tmp, f"cupool-{os.geteuid()}")
+            if kind == "link":
+                os.mkdir(os.path.join(tmp, "elsewhere"))
+                os.symlink(os.path.join(tmp, "elsewhere"), target)
+            else:
+                os.mkdir(target)
+                os.chmod(target, 0o777)
+            p = cupool("run", "--", "sh", "-c", "echo ran", env=dict(env, TMPDIR=tmp))
+            check(p.returncode == 4 and target in p.stderr and "ran" not in p.stdout,
+                  f"an unsafe trace directory ({kind}): exit {p.returncode}, {p.stderr}")
+
+        # The trace is not written through a symbolic link: the victim's file stays as it was.
+        victim = os.path.join(d, "victim.txt")
+        with open(victim, "w") as f:
+            f.write("precious\n")
+        link = os.path.join(d, "link.jsonl")
+        os.symlink(victim, link)
+        p = cupool("run", "--trace", link, "--", opts.program, env=env)
+        check(p.returncode != 0 and link in p.stderr and "symbolic link" in p.stderr,
+              f"a trace path that is a link: exit {p.returncode}: {p.stderr}")
+        check(open(victim).read() == "precious\n", "the trace was written through a symbolic link")
+        if os.geteuid() == 0:
+            # Nor into another user's file (root can make one here).
+            theirs = os.path.join(d, "theirs.jsonl")
+            with open(theirs, "w") as f:
+                f.write("theirs\n")
+            os.chown(theirs, 65534, 65534)
+            p = cupool("run", "--trace", theirs, "--", opts.program, env=env)
+            check(p.returncode != 0 and "another user" in p.stderr, f"another user's file: {p.returncode} {p.stderr}")
+            check(open(theirs).read() == "theirs\n", "the trace was written into another user's file")
+
+        # Every process of the run is summarised: a shell that runs the program twice writes
+        # three traces (its own, with no allocation, and one per program).
+        p = cupool("run", "--", "sh", "-c", f"'{opts.program}'; '{opts.program}'; true", env=env)
+        m = re.search(r"cupool: (\d+) processes traced; device 0: peak in use [\d.]+ \w+, peak reserved .* traces (.+)$",
+                      p.stderr.strip())
+        if check(p.returncode == 0 and m, "summary of a run of several processes:\n" + p.stderr):
+            traces = m.group(2).split(" ")
+            check(int(m.group(1)) == len(traces) >= 2 and all(os.path.exists(t) for t in traces),
+                  f"the traces named do not exist: {traces}")
+            counts = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+            r = json.loads(cupool("report", "--json", "--no-progress", *traces, check_rc=0).stdout)
+            allocs = sum(dev["allocs"] for t in r["traces"] for dev in t["devices"])
+            check(len(counts) == 2 and allocs == sum(c["allocs"] for c in counts),
+                  f"the run's traces hold {allocs} allocations, the programs made {[c['allocs'] for c in counts]}")
 
         # LD_PRELOAD: libcupool first, what was there kept.
         # The sanitized cupool itself starts with the sanitizer runtime after libm here: tell the
@@ -481,6 +712,61 @@ def cmd_cli(opts):
         p = subprocess.run([opts.cupool, "report", "-"], stdin=open(os.path.join(d, "t.jsonl")), capture_output=True,
                            text=True)
         check(p.returncode == 0 and "peak in use" in p.stdout, "report - (stdin): " + p.stderr)
+
+        # Values: "--trace -- prog" is a missing value, not a trace named "--"; an empty value is
+        # an error, not "unset" (an empty CUPOOL_TRACE turns tracing off).
+        for args in (["run", "--trace", "--", "true"], ["run", "--trace=", "--", "true"], ["run", "--trace", "", "true"],
+                     ["run", "--policy", "--trace", "t.jsonl", "--", "true"], ["report", "--html=", "t.jsonl"]):
+            p = cupool(*args)
+            check(p.returncode == 2 and "needs a value" in p.stderr and "--help" in p.stderr,
+                  f"cupool {' '.join(args)}: exit {p.returncode}, expected a usage error (2): {p.stderr}")
+        # A preallocation under the pool's 2 MiB granularity would reserve nothing.
+        p = cupool("run", "--preallocate", "1", "--", "true", check_rc=2)
+        check("CUPOOL_PREALLOCATE" in p.stderr and "2MiB" in p.stderr, "--preallocate 1: " + p.stderr)
+
+        # Standard output that cannot be written: exit 4 with a message, for every command.
+        full = open("/dev/full", "w")
+        for args in (["report", "t.jsonl"], ["report", "--json", "t.jsonl"], ["replay", "t.jsonl"],
+                     ["replay", "--json", "t.jsonl"], ["export", "--perfetto", "t.jsonl", "-o", "-"], ["report", "--help"]):
+            p = subprocess.run([opts.cupool, *args], cwd=d, stdout=full, stderr=subprocess.PIPE, text=True)
+            check(p.returncode == 4 and "standard output" in p.stderr,
+                  f"cupool {' '.join(args)} >/dev/full: exit {p.returncode}, expected 4: {p.stderr}")
+
+        # Output files: never through a symbolic link (another user's link in /tmp would have us
+        # overwrite the victim's file), and private (mode 0600: they hold command lines).
+        victim = os.path.join(d, "victim.txt")
+        with open(victim, "w") as f:
+            f.write("precious\n")
+        os.symlink(victim, os.path.join(d, "link.out"))
+        for args in (["report", "t.jsonl", "--html", "link.out"], ["export", "--perfetto", "t.jsonl", "-o", "link.out"]):
+            p = cupool(*args)
+            check(p.returncode == 4 and "link.out" in p.stderr and "symbolic link" in p.stderr,
+                  f"cupool {' '.join(args)} (a link): exit {p.returncode}, expected 4 naming the link: {p.stderr}")
+            check(open(victim).read() == "precious\n", f"cupool {' '.join(args)} wrote through the link")
+            check(os.path.islink(os.path.join(d, "link.out")), "the link was replaced")
+        old_umask = os.umask(0)
+        try:
+            cupool("report", "t.jsonl", "--html", "page.html", check_rc=0)
+            cupool("export", "--perfetto", "t.jsonl", "-o", "perfetto.json", check_rc=0)
+        finally:
+            os.umask(old_umask)
+        for name in ("page.html", "perfetto.json"):
+            mode = stat.S_IMODE(os.stat(os.path.join(d, name)).st_mode)
+            check(mode == 0o600, f"{name}: mode {mode:o}, expected 600")
+
+        # An export that fails on the way leaves the file that was there, and no temporary file.
+        lines = open(os.path.join(d, "t.jsonl")).read().splitlines(True)
+        with open(os.path.join(d, "broken.jsonl"), "w") as f:
+            f.write("".join(lines[:3]) + "{broken\n" + "".join(lines[3:]))
+        with open(os.path.join(d, "out.json"), "w") as f:
+            f.write("the previous export\n")
+        before = sorted(os.listdir(d))
+        p = cupool("export", "--perfetto", "broken.jsonl", "-o", "out.json")
+        check(p.returncode == 3, f"export of a broken trace: exit {p.returncode}, expected 3")
+        out_json = os.path.join(d, "out.json")
+        check(os.path.exists(out_json) and open(out_json).read() == "the previous export\n",
+              "a failed export truncated or removed the file it was to replace")
+        check(sorted(os.listdir(d)) == before, f"a failed export left files behind: {set(os.listdir(d)) - set(before)}")
     finish()
 
 
@@ -510,7 +796,7 @@ def main():
     ap.add_argument("--gen", default=os.path.join(HERE, "gen_trace.py"))
     ap.add_argument("--golden", default=os.path.join(HERE, "golden"))
     ap.add_argument("--keep", help="copy screenshots and failing fuzz cases here")
-    ap.add_argument("check", choices=["golden", "replay", "fuzz", "html", "run", "cli", "perf"])
+    ap.add_argument("check", choices=["golden", "replay", "fuzz", "html", "run", "cli", "input", "perf"])
     ap.add_argument("--update", action="store_true")
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--shim")
@@ -525,7 +811,7 @@ def main():
         if getattr(opts, name):
             setattr(opts, name, os.path.abspath(getattr(opts, name)))
     {"golden": cmd_golden, "replay": cmd_replay, "fuzz": cmd_fuzz, "html": cmd_html, "run": cmd_run, "cli": cmd_cli,
-     "perf": cmd_perf}[opts.check](opts)
+     "input": cmd_input, "perf": cmd_perf}[opts.check](opts)
 
 
 if __name__ == "__main__":

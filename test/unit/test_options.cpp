@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "device_pool.h"
 #include "log.h"
 #include "options.h"
 
@@ -187,6 +188,14 @@ TEST_CASE("CUPOOL_PREALLOCATE and CUPOOL_PREALLOCATE_GROW", "[options]") {
   CHECK(ok({{"CUPOOL_PREALLOCATE", "90%"}}).preallocate.percent == 90.0);
   CHECK(error({{"CUPOOL_PREALLOCATE", "200%"}}).find("CUPOOL_PREALLOCATE=\"200%\" is not valid: a percent") != std::string::npos);
   CHECK(error({{"CUPOOL_PREALLOCATE", "lots"}}).find("not a number") != std::string::npos);
+  // Less than one chunk would reserve nothing and refuse every allocation ("reserved 0 B").
+  CHECK(error({{"CUPOOL_PREALLOCATE", "1"}}) ==
+        "cupool: CUPOOL_PREALLOCATE=\"1\" is not valid: less than the pool's chunk granularity (2MiB); accepted: a "
+        "size of at least 2MiB (12GiB) or percent of device memory (75%)");
+  CHECK(error({{"CUPOOL_PREALLOCATE", "2047KiB"}}).find("chunk granularity (2MiB)") != std::string::npos);
+  CHECK(ok({{"CUPOOL_PREALLOCATE", "2MiB"}}).preallocate.bytes == 2u << 20);
+  CHECK(ok({{"CUPOOL_PREALLOCATE", "0.5%"}}).preallocate.percent == 0.5);
+  STATIC_REQUIRE(kMinPreallocateBytes == DevicePool::kChunkGranularity);
 
   CHECK(ok({{"CUPOOL_PREALLOCATE_GROW", "true"}}).preallocate_grow);
   CHECK(ok({{"CUPOOL_PREALLOCATE_GROW", "1"}}).preallocate_grow);

@@ -1,11 +1,14 @@
 #include <catch2/catch.hpp>
+#include <fcntl.h>
 #include <nlohmann/json.hpp>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -573,6 +576,49 @@ TEST_CASE("open refuses a path it cannot write", "[trace]") {
                  "directory");
 }
 
+TEST_CASE("open writes no trace through a symbolic link, and makes the file private", "[trace]") {
+  TempDir dir;
+  const std::string victim = dir.path + "/victim.txt", link = dir.path + "/t.jsonl";
+  { std::ofstream(victim) << "precious\n"; }
+  REQUIRE(::symlink(victim.c_str(), link.c_str()) == 0);
+  std::string error;
+  CHECK(!TraceWriter::open(trace_config(link), &error));
+  CHECK(error == "cupool: CUPOOL_TRACE: cannot write the trace to \"" + link +
+                     "\": it is a symbolic link (cupool does not write through links)");
+  CHECK(slurp(victim) == "precious\n");
+
+  // Mode 0600 whatever the umask (a trace holds command lines), also for a file that was there;
+  // its old content is gone; the descriptor is not inherited by programs the process runs.
+  const std::string path = dir.path + "/u.jsonl";
+  { std::ofstream(path) << "an older trace, and more text than the header is long\n"; }
+  REQUIRE(::chmod(path.c_str(), 0666) == 0);
+  const mode_t old_mask = ::umask(0);
+  auto w = open_writer(trace_config(path));
+  ::umask(old_mask);
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  int fd_flags = -1;
+  for (int fd = 0; fd < 1024; ++fd) {
+    char target[4096];
+    const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target);
+    if (n > 0 && std::string(target, static_cast<std::size_t>(n)) == path) fd_flags = ::fcntl(fd, F_GETFD);
+  }
+  CHECK(fd_flags == FD_CLOEXEC);
+  w->close();
+  CHECK(slurp(path).find("an older trace") == std::string::npos);
+  CHECK(read_all(path).empty());
+
+  if (::geteuid() == 0) {  // another user's file (root can make one): left alone
+    const std::string theirs = dir.path + "/theirs.jsonl";
+    { std::ofstream(theirs) << "theirs\n"; }
+    REQUIRE(::chown(theirs.c_str(), 65534, 65534) == 0);
+    CHECK(!TraceWriter::open(trace_config(theirs), &error));
+    CHECK(error.find("it belongs to another user (uid 65534)") != std::string::npos);
+    CHECK(slurp(theirs) == "theirs\n");
+  }
+}
+
 TEST_CASE("reader: a minimal trace, with and without a footer", "[trace]") {
   MemTrace full(header_line() + kEvent + kFooter);
   REQUIRE(full.events.size() == 1);
@@ -635,6 +681,87 @@ TEST_CASE("reader: any key order, escapes, unknown keys and lines of a newer min
   REQUIRE(d.reader->devices().size() == 1);
   CHECK(d.reader->devices()[0].index == 2);
   CHECK(d.reader->dropped() == 12);
+}
+
+TEST_CASE("reader: bytes that are not UTF-8 become U+FFFD, wherever they are", "[trace]") {
+  const std::string bad_header =
+      R"({"type":"header","format":"cupool-trace","version":"2.0","cupool_version":"0.1.0","pid":10,"ppid":1,)"
+      "\"host\":\"h\xff\",\"cmdline\":[\"python\xc3\",\"ok\xc3\xa9\"],"
+      R"("start_unix_ns":5,"start_mono_ns":6,"config":{"policy":"growth"},"devices":[]})" "\n";
+  const std::string bad_device = "{\"type\":\"device\",\"t\":1,\"index\":0,\"name\":\"GPU\xe2\x82\",\"total_bytes\":5}\n";
+  std::string bad_event = kEvent;
+  bad_event.replace(bad_event.find("cudaMalloc"), 10, "cuda\xc0\xafMalloc\xed\xa0\x80");
+  MemTrace t(bad_header + bad_device + bad_event);
+  const std::string fffd = "\xef\xbf\xbd";
+  CHECK(t.reader->header().host == "h" + fffd);
+  CHECK(t.reader->header().cmdline == std::vector<std::string>{"python" + fffd, "ok\xc3\xa9"});
+  REQUIRE(t.reader->devices().size() == 1);
+  CHECK(t.reader->devices()[0].name == "GPU" + fffd + fffd);
+  REQUIRE(t.events.size() == 1);
+  // Overlong forms and surrogates are not UTF-8 either: one U+FFFD per byte, as the writer does.
+  CHECK(t.events[0].api == "cuda" + fffd + fffd + "Malloc" + fffd + fffd + fffd);
+  CHECK(valid_utf8("caf\xc3\xa9 \xf0\x9f\x98\x80") == "caf\xc3\xa9 \xf0\x9f\x98\x80");
+  CHECK(valid_utf8("\xf4\x90\x80\x80") == fffd + fffd + fffd + fffd);  // above U+10FFFF
+  CHECK(valid_utf8("a\xe2\x82") == "a" + fffd + fffd);                  // cut short
+}
+
+namespace {
+
+std::string gzip_of(const std::string& text) {
+  z_stream z{};
+  REQUIRE(deflateInit2(&z, Z_DEFAULT_COMPRESSION, Z_DEFLATED, 16 + MAX_WBITS, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+  std::string out(deflateBound(&z, text.size()) + 64, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  REQUIRE(deflate(&z, Z_FINISH) == Z_STREAM_END);
+  out.resize(z.total_out);
+  deflateEnd(&z);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("reader: a gzip trace is read as it is decompressed, recognised by its bytes", "[trace]") {
+  std::string text = header_line("2.0");
+  for (int i = 0; i < 20000; ++i) text += kEvent;  // several buffers' worth, compressed and not
+  text += kFooter;
+  MemTrace plain(text);
+  MemTrace gz(gzip_of(text));
+  CHECK(gz.events.size() == 20000);
+  CHECK(gz.events.size() == plain.events.size());
+  CHECK(gz.reader->footer().has_value());
+  CHECK(std::string(gz.reader->compression()) == "gzip");
+  CHECK(std::string(plain.reader->compression()).empty());
+  // Members one after another (cat a.gz b.gz), split in the middle of a line.
+  const std::size_t half = text.size() / 2 + 3;
+  MemTrace members(gzip_of(text.substr(0, half)) + gzip_of(text.substr(half)));
+  CHECK(members.events.size() == 20000);
+  // Cut short: an error that says so, after the events before the cut.
+  const std::string gzipped = gzip_of(text);
+  CHECK(error_of(gzipped.substr(0, gzipped.size() - 64)) == "mem: the gzip data ends early (the file is cut short)");
+  CHECK(error_of(gzipped.substr(0, 10) + std::string(100, 'x')).rfind("mem: not valid gzip data", 0) == 0);
+}
+
+TEST_CASE("reader: open() names the path and what is wrong", "[trace]") {
+  TempDir dir;
+  auto error_opening = [](const std::string& path) -> std::string {
+    try {
+      TraceReader::open(path);
+    } catch (const TraceError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  CHECK(error_opening(dir.path + "/missing.jsonl") == dir.path + "/missing.jsonl: cannot open: no such file");
+  CHECK(error_opening(dir.path) == dir.path + ": is a directory, not a trace");
+  { std::ofstream(dir.path + "/t.jsonl.gz", std::ios::binary) << gzip_of(header_line("2.0") + kEvent); }
+  auto reader = TraceReader::open(dir.path + "/t.jsonl.gz");
+  Event e;
+  CHECK(reader->next(e));
+  CHECK(!reader->next(e));
+  CHECK(reader->bytes_read() == std::filesystem::file_size(dir.path + "/t.jsonl.gz"));
 }
 
 TEST_CASE("reader: errors name the source, the line and the problem", "[trace]") {
