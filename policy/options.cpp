@@ -31,6 +31,14 @@ bool iequals(std::string_view a, std::string_view b) {
 
 bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
+// A piece of the value, quoted for an error message: escaped, so that the message stays one line
+// of valid UTF-8 whatever the value holds (newlines, control characters, bytes that are not UTF-8).
+std::string quoted(std::string_view s) {
+  std::string out;
+  append_json_string(out, s);
+  return out;
+}
+
 // A decimal number "123", "1.5", ".5": integer part and fraction digits, exactly.
 struct Decimal {
   std::uint64_t integer = 0;
@@ -112,7 +120,7 @@ bool parse_size(std::string_view v, std::uint64_t& out, std::string& why) {
     }
     return true;
   }
-  why = fmt::format("unknown unit \"{}\"", suffix);
+  why = "unknown unit " + quoted(suffix);
   return false;
 }
 
@@ -202,7 +210,7 @@ std::optional<std::string> parse_limit(std::string_view v, Config& c) {
     const auto [end, ec] = std::from_chars(dev_text.data(), dev_text.data() + dev_text.size(), device);
     if (dev_text.empty() || ec != std::errc() || end != dev_text.data() + dev_text.size() || device < 0 ||
         device > 1023)
-      return fmt::format("\"{}\" is not a device index (0 to 1023)", dev_text);
+      return quoted(dev_text) + " is not a device index (0 to 1023)";
     for (const auto& [d, s] : limit.per_device)
       if (d == device) return fmt::format("device {} is given twice", device);
     if (!parse_size_spec(item.substr(colon + 1), spec, why)) return fmt::format("device {}: {}", device, why);
@@ -286,7 +294,7 @@ std::optional<std::string> parse_release(std::string_view v, Config& c) {
     c.release_idle_ns = ns;
     return std::nullopt;
   }
-  return fmt::format("unknown unit \"{}\"", unit);
+  return "unknown unit " + quoted(unit);
 }
 
 std::optional<std::string> parse_trace(std::string_view v, Config& c) {
@@ -457,7 +465,7 @@ std::vector<std::string> unknown_variables(char** environ) {
     const std::string_view entry(*e);
     if (entry.substr(0, 7) != "CUPOOL_") continue;
     const std::string_view name = entry.substr(0, entry.find('='));
-    if (name == kTraceRootVariable) continue;
+    if (name == kTraceRootVariable || name == kLibraryVariable) continue;
     const auto it = std::find_if(kOptions.begin(), kOptions.end(), [&](const OptionInfo& o) { return o.name == name; });
     if (it != kOptions.end()) continue;
     std::string_view best;
@@ -633,7 +641,7 @@ void append_json_string(std::string& out, std::string_view s) {
       continue;
     }
     // Multi-byte UTF-8: copy a well-formed sequence, replace anything else with U+FFFD.
-    std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
+    std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
     bool ok = n != 0 && static_cast<std::size_t>(end - p) >= n;
     for (std::size_t i = 1; ok && i < n; ++i) ok = (p[i] & 0xc0) == 0x80;
     if (ok && n == 3) {

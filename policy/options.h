@@ -55,6 +55,9 @@ std::variant<Config, OptionError> parse_options(const std::function<const char*(
 // "<pid>:<CUPOOL_TRACE>", set by the first traced process for the processes it starts
 // (policy/trace_writer.cpp): not an option, and not warned about.
 inline constexpr const char* kTraceRootVariable = "CUPOOL_TRACE_ROOT_PID";
+// Where `cupool run` finds libcupool.so (tools/cmd_run.cpp): the command's, which the programs it
+// runs inherit; not an option of the library, and not warned about.
+inline constexpr const char* kLibraryVariable = "CUPOOL_LIBRARY";
 
 // One warning per CUPOOL_* variable in `environ` that kOptions does not know, e.g.
 // `unknown variable CUPOOL_POLCY ignored (did you mean CUPOOL_POLICY?); known: CUPOOL_POLICY, ...`.

@@ -57,4 +57,36 @@ int open_output_file(const std::string& path, bool exclusive, std::string* why) 
   return fd;
 }
 
+bool output_file_possible(const std::string& path, std::string* why) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) *why = kRefusedLink;
+    else if (S_ISDIR(st.st_mode)) *why = "it is a directory";
+    else if (S_ISREG(st.st_mode) && st.st_uid != ::geteuid())
+      *why = fmt::format("it belongs to another user (uid {})", st.st_uid);
+    else if (::access(path.c_str(), W_OK) != 0) *why = std::strerror(errno);
+    else return true;
+    return false;
+  }
+  if (errno != ENOENT) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  const std::size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    *why = std::strerror(ENOTDIR);
+    return false;
+  }
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) {
+    *why = std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
 }  // namespace cupool

@@ -20,4 +20,10 @@ inline constexpr const char* kRefusedLink = "it is a symbolic link (cupool does 
 // when open(2) itself failed, errno is what it set (EEXIST for an exclusive open of a file that exists).
 int open_output_file(const std::string& path, bool exclusive, std::string* why);
 
+// Would open_output_file(path, false, ...) succeed? Creates nothing: checks that the directory
+// can hold a new file, and that nothing open_output_file refuses (a link, another user's file, a
+// directory) is at `path` now. For a file made later (a trace, at the process's first event), so
+// that a mistake is said when the process starts. False with *why set.
+bool output_file_possible(const std::string& path, std::string* why);
+
 }  // namespace cupool

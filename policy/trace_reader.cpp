@@ -786,7 +786,8 @@ TraceReader::Parsed TraceReader::parse_line(std::string_view line, Event& out) {
     j = nlohmann::json::parse(line.begin(), line.end());
   } catch (const nlohmann::json::exception& e) {
     const std::string what = e.what();
-    fail("not valid JSON: " + what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2));
+    // valid_utf8: nlohmann quotes the bytes it stopped at, which may end inside a character.
+    fail("not valid JSON: " + valid_utf8(what.substr(what.find("] ") == std::string::npos ? 0 : what.find("] ") + 2)));
   }
   if (!j.is_object()) fail("not a JSON object");
   const auto type = j.find("type");

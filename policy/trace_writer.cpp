@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -237,13 +238,16 @@ TraceWriter::TraceWriter(const Config& config)
 
 std::unique_ptr<TraceWriter> TraceWriter::open(const Config& config, std::string* error) {
   std::unique_ptr<TraceWriter> writer(new TraceWriter(config));
-  std::lock_guard lock(writer->out_mu_);
-  // A started child opens its file at its first event or device, as a forked child does: the
-  // dozens of ptxas runs under JAX leave no files.
-  if (writer->started_child_) return writer;
+  // Every process opens its file at its first event or device (ensure_started): the dozens of
+  // ptxas runs under JAX, and every process of a job script that never uses CUDA, leave none.
+  // A path that could not be written is a configuration error, said before the program starts.
   std::string why;
-  if (!writer->open_file_locked(&why)) {
-    if (error) *error = why;
+  if (!output_file_possible(writer->path_, &why)) {
+    if (error) {
+      *error = "cupool: CUPOOL_TRACE: cannot write the trace to ";
+      append_json_string(*error, writer->path_);
+      *error += ": " + why;
+    }
     return nullptr;
   }
   return writer;

@@ -215,9 +215,10 @@ std::uint64_t vmm_free_bytes(ContextPool* cp) {
 template <typename Code, typename Call>
 Code external_allocate(ContextPool* cp, std::uint64_t bytes, Code ok, Code oom, const char* api,
                        std::uint64_t* key, Call&& call, bool* refused_here = nullptr) {
-  // Free VMM mappings the cache keeps are charged: past the cap, they go back first.
+  // Free VMM mappings the cache keeps are charged: past the cap, they go back first (before the
+  // charge, whose refusal is an oom event of its own).
   if (cp && vmm_free_bytes(cp) > 0 && !cp->pool->has_room(bytes)) vmm_evict(cp);
-  if (cp && !cp->pool->try_charge_external(bytes) && !(vmm_evict(cp) > 0 && cp->pool->try_charge_external(bytes))) {
+  if (cp && !cp->pool->try_charge_external(bytes)) {
     warn_oom(cp, api, bytes, OomClass::limit);
     if (refused_here) *refused_here = true;
     return oom;

@@ -94,7 +94,9 @@ void fork_child() {
   g_pools_mutex.unlock();
 }
 
-void initialize_once() {
+// At load, before the program's own code: what a process that never uses CUDA pays too, so only
+// what must happen then. A configuration error stops the process here, before it starts.
+void load_once() {
   auto parsed = parse_options([](const char* name) { return std::getenv(name); });
   if (auto* error = std::get_if<OptionError>(&parsed)) {
     // Refuse to start: the user asked for something cupool cannot do.
@@ -104,9 +106,10 @@ void initialize_once() {
   }
   g_config = new Config(std::get<Config>(parsed));
   log_init(g_config->log_level);
-  for (const std::string& warning : unknown_variables(environ)) log_warn(warning);
   g_external = new std::unordered_map<std::uint64_t, ExternalAllocation>;
   if (!g_config->trace_path.empty()) {
+    // No file yet (it is made at the first event), but the process's place among traced
+    // processes is settled now, for the children it starts.
     std::string error;
     std::unique_ptr<TraceWriter> writer = TraceWriter::open(*g_config, &error);
     if (!writer) {
@@ -116,30 +119,45 @@ void initialize_once() {
     }
     g_writer.store(writer.release(), std::memory_order_release);
   }
-  log_info(describe(*g_config));
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   std::atexit(at_exit);
 }
 
-__attribute__((constructor)) void initialize_at_load() { initialize(); }
+// When the process first reaches CUDA (a hook, not a lookup): now cupool may speak. Users preload
+// the library into whole job scripts; a banner from every `ls` is noise.
+void activate_once() {
+  for (const std::string& warning : unknown_variables(environ)) log_warn(warning);
+  log_info(describe(*g_config));
+}
+
+// Runs `once` exactly once, whichever thread comes first; the others wait for it to finish. A
+// hook re-entered from inside `once` (on its own thread) cannot wait, and goes on.
+void run_once(std::atomic<int>& state, void (*once)()) {
+  if (state.load(std::memory_order_acquire) == kReady) return;
+  int expected = kUninitialized;
+  if (state.compare_exchange_strong(expected, kInitializing, std::memory_order_acq_rel)) {
+    once();
+    state.store(kReady, std::memory_order_release);
+    return;
+  }
+  static thread_local bool waiting = false;
+  if (waiting) return;
+  waiting = true;
+  while (state.load(std::memory_order_acquire) != kReady) sched_yield();
+  waiting = false;
+}
+
+std::atomic<int> g_active{kUninitialized};
+
+__attribute__((constructor)) void initialize_at_load() { run_once(g_init, load_once); }
 
 }  // namespace
 
 void initialize() {
-  int state = g_init.load(std::memory_order_acquire);
-  if (state == kReady) return;
-  int expected = kUninitialized;
-  if (g_init.compare_exchange_strong(expected, kInitializing, std::memory_order_acq_rel)) {
-    initialize_once();
-    g_init.store(kReady, std::memory_order_release);
+  if (g_active.load(std::memory_order_acquire) == kReady) [[likely]]
     return;
-  }
-  // Another thread is initialising; a hook re-entered from initialisation itself cannot wait.
-  static thread_local bool waiting = false;
-  if (waiting) return;
-  waiting = true;
-  while (g_init.load(std::memory_order_acquire) != kReady) sched_yield();
-  waiting = false;
+  run_once(g_init, load_once);
+  run_once(g_active, activate_once);
 }
 
 const Config& config() { return *g_config; }

@@ -16,8 +16,10 @@ class TraceWriter;
 
 namespace cupool::shim {
 
-// Set up once (options, log, trace, fork handlers); a configuration error ends the process
-// before user code runs. Safe to call from any hook at any time.
+// Set up, in two steps: at load (options, log level, the trace writer without its file, fork
+// handlers; a configuration error ends the process before user code runs), and when a hook first
+// runs, i.e. the process reaches CUDA (the configuration banner, warnings about unknown
+// variables). Safe to call from any hook at any time; after the first call, one load.
 void initialize();
 const Config& config();
 bool exiting();

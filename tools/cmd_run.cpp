@@ -79,8 +79,8 @@ std::string self_dir() {
 
 // Where libcupool.so is, or "" with the places tried in `tried`.
 std::string find_library(std::string& tried) {
-  if (const char* env = std::getenv("CUPOOL_LIBRARY"); env && *env) {
-    tried = std::string("CUPOOL_LIBRARY=") + env;
+  if (const char* env = std::getenv(kLibraryVariable); env && *env) {
+    tried = std::string(kLibraryVariable) + "=" + env;
     if (!is_file(env)) return {};
     char real[PATH_MAX];  // absolute: the program may change directory before it loads CUDA
     return ::realpath(env, real) ? std::string(real) : std::string(env);

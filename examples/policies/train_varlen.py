@@ -31,7 +31,7 @@ for i in range(steps):
     torch.cuda.synchronize()
     times.append(time.perf_counter() - t0)
 print(json.dumps({
-    "workload": "train_varlen", "steps": steps, "loss": round(loss.item(), 6),
+    "workload": "train_varlen", "steps": steps, "loss": round(loss.item(), 6), "loss_hex": float(loss.item()).hex(),
     "median_step_ms": round(statistics.median(times[5:]) * 1e3, 2),
     "total_s": round(sum(times), 2),
     "torch_max_reserved": torch.cuda.max_memory_reserved(), "torch_max_allocated": torch.cuda.max_memory_allocated(),

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A traced process that starts others (JAX runs ptxas; launchers start workers), with a trace
-path without %p: the first process writes the path, each process it starts writes <path>.<pid>,
-and no file is truncated by another process. A Python process under the shim runs prog_runtime
+path without %p: the first process would write the path, each process it starts writes
+<path>.<pid>, and no file is truncated by another process. The first process here (a Python
+starter) never uses CUDA, so it writes nothing at all. A Python process under the shim runs prog_runtime
 twice at once on the simulated CUDA (a shell would do, but dash leaves by _exit: no footer).
   check_trace_children.py SHIM SIM_DIR PROG_RUNTIME [sanitized]"""
 import glob
@@ -42,14 +43,9 @@ with tempfile.TemporaryDirectory() as tmp:
     if len(counts) != 2:
         fail(f"expected two program reports, got {proc.stdout!r}")
     root = env["CUPOOL_TRACE"]
-    if not os.path.exists(root):
-        fail("the first process wrote no trace at the path")
-    with open(root, "rb") as f:
-        if b"\0" in f.read():
-            fail("the first process's trace has NUL bytes: another process truncated it")
-    _, events, _ = read_trace(root)
-    if events:
-        fail(f"the starter's own trace has {len(events)} events; the programs' belong in their own files")
+    if os.path.exists(root):
+        fail("the starter never used CUDA, yet a trace is at the path (written by it, or by a child "
+             "that took the first process's place)")
     children = sorted(glob.glob(root + ".*"))
     if len(children) != 2:
         fail(f"expected one trace per started CUDA program (none for `true`), found {children}")
@@ -60,4 +56,4 @@ with tempfile.TemporaryDirectory() as tmp:
             fail(f"{path}: {allocs} allocations in the trace, footer {footer.get('allocs')}, program {count['allocs']}")
         if os.path.basename(header["cmdline"][0]) != os.path.basename(prog):
             fail(f"{path}: written by {header['cmdline']}")
-    print(f"ok: {root} (the starter, no events) and {len(children)} child traces")
+    print(f"ok: no trace of the starter and {len(children)} child traces")

@@ -262,8 +262,9 @@ TEST_CASE("an error message is one line, whatever the value holds", "[options]")
 }
 
 TEST_CASE("unknown CUPOOL_ variables are reported", "[options]") {
-  std::string a = "CUPOOL_POLCY=growth", b = "CUPOOL_POLICY=growth", c = "PATH=/bin", d = "CUPOOL_ZZZZZZZZZZZZ=1";
-  char* env[] = {a.data(), b.data(), c.data(), d.data(), nullptr};
+  std::string a = "CUPOOL_POLCY=growth", b = "CUPOOL_POLICY=growth", c = "PATH=/bin", d = "CUPOOL_ZZZZZZZZZZZZ=1",
+              e = "CUPOOL_LIBRARY=/opt/cupool/libcupool.so", f = "CUPOOL_TRACE_ROOT_PID=1:/tmp/t.jsonl";
+  char* env[] = {a.data(), b.data(), c.data(), d.data(), e.data(), f.data(), nullptr};
   const auto lines = unknown_variables(env);
   REQUIRE(lines.size() == 2);
   CHECK(lines[0].rfind("unknown variable CUPOOL_POLCY ignored (did you mean CUPOOL_POLICY?); known: CUPOOL_POLICY, CUPOOL_FREE,", 0) == 0);
