@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 PACKAGES=(meson ninja-build g++ pkg-config python3 libspdlog-dev libfmt-dev nlohmann-json3-dev catch2
-          libasan8 libubsan1 libtsan2 chromium zlib1g-dev libzstd-dev zstd)
+          libasan8 libubsan1 libtsan2 chromium zlib1g-dev libzstd-dev zstd clang-14 libclang-rt-14-dev)
 CUDA_DIR=${CUDA_DIR:-/usr/local/cuda}
 
 install_missing() {
