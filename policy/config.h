@@ -41,7 +41,7 @@ struct LimitSpec {
 
 struct Config {
   PolicyKind policy = PolicyKind::growth;
-  FreeMode free_mode = FreeMode::sync;
+  FreeMode free_mode = FreeMode::deferred;
   LimitSpec limit;                                   // no value: no cap beyond the device
   SizeSpec preallocate{0, 75.0};                     // preallocate policy: up-front reservation
   bool preallocate_grow = false;                     // may preallocate grow past it (within the cap)?

@@ -34,7 +34,8 @@ const char* const kReplayHelp =
     "  --growth-chunk SIZE     CUPOOL_GROWTH_CHUNK\n"
     "  --growth-chunk-max SIZE CUPOOL_GROWTH_CHUNK_MAX\n"
     "  --release DURATION      CUPOOL_RELEASE (never, 30s...): idle chunks go back, on the trace's clock\n"
-    "  --free sync|deferred    CUPOOL_FREE\n"
+    "  --free sync|deferred    CUPOOL_FREE (default here: sync; the simulated device runs no work,\n"
+    "                          so nothing freed needs a fence before its reuse)\n"
     "  --json                  print JSON instead of text\n"
     "  --no-progress           no progress line\n"
     "  --help                  this text\n"
@@ -153,6 +154,9 @@ int cmd_replay(const std::vector<std::string>& raw) {
         {"--preallocate-grow", "CUPOOL_PREALLOCATE_GROW"}, {"--growth-chunk", "CUPOOL_GROWTH_CHUNK"},
         {"--growth-chunk-max", "CUPOOL_GROWTH_CHUNK_MAX"}, {"--release", "CUPOOL_RELEASE"},
         {"--free", "CUPOOL_FREE"}};
+    // Frees are reusable at once unless asked otherwise: the library's default (deferred) waits
+    // for the device's work, and the simulated device has none in flight.
+    vars["CUPOOL_FREE"] = "sync";
     for (const auto& [opt, var] : option_vars)
       if (auto v = args.value(opt)) vars[var] = *v;
 

@@ -41,9 +41,11 @@ struct FakeClock {
   static std::uint64_t read(void* self) { return static_cast<FakeClock*>(self)->t; }
 };
 
+// Sync frees unless a test asks for deferred ones (the options' default).
 Config growth_config(std::uint64_t chunk = 32 * MiB, std::uint64_t chunk_max = 128 * MiB) {
   Config c;
   c.policy = PolicyKind::growth;
+  c.free_mode = FreeMode::sync;
   c.growth_chunk = chunk;
   c.growth_chunk_max = chunk_max;
   return c;

@@ -44,7 +44,7 @@ std::uint64_t size_of(const std::string& text) { return ok({{"CUPOOL_GROWTH_CHUN
 TEST_CASE("defaults", "[options]") {
   const Config c = ok({});
   CHECK(c.policy == PolicyKind::growth);
-  CHECK(c.free_mode == FreeMode::sync);
+  CHECK(c.free_mode == FreeMode::deferred);
   CHECK(!c.limit.all);
   CHECK(c.limit.per_device.empty());
   CHECK(c.preallocate.percent == 75.0);
@@ -276,14 +276,14 @@ TEST_CASE("unknown CUPOOL_ variables are reported", "[options]") {
 TEST_CASE("describe and config_json", "[options]") {
   const Config c = ok({{"CUPOOL_LIMIT", "8GiB,1:50%"}, {"CUPOOL_RELEASE", "30s"}, {"CUPOOL_TRACE", "/tmp/a \"b\".jsonl"}});
   CHECK(describe(c) ==
-        "policy=growth free=sync limit=8GiB,1:50% preallocate=75% preallocate_grow=false growth_chunk=32MiB "
+        "policy=growth free=deferred limit=8GiB,1:50% preallocate=75% preallocate_grow=false growth_chunk=32MiB "
         "growth_chunk_max=512MiB release=30s thread_cache=on vmm_cache=on trace=/tmp/a \"b\".jsonl trace_flush_ms=100 trace_buffer=16384 log=info");
   CHECK(describe(ok({})).find("limit=none") != std::string::npos);
   CHECK(describe(ok({})).find("release=never") != std::string::npos);
 
   const auto j = nlohmann::json::parse(config_json(c));
   CHECK(j["policy"] == "growth");
-  CHECK(j["free"] == "sync");
+  CHECK(j["free"] == "deferred");
   CHECK(j["limit"]["all"]["bytes"] == 8ull << 30);
   CHECK(j["limit"]["devices"]["1"]["percent"] == 50.0);
   CHECK(j["preallocate"]["percent"] == 75.0);
