@@ -324,9 +324,10 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
   s.first_t = std::min(s.first_t, e.t_ns);
   s.last_t = std::max(s.last_t, e.t_ns);
 
-  // Calls the program made (pool-internal events name no call of the program's).
+  // Calls the program made (pool-internal events name no call of the program's; a graph_mem event
+  // names the call after which the driver's graph memory changed, not one call of its own).
   const bool is_call = e.kind != EventKind::grow && e.kind != EventKind::release && e.kind != EventKind::fence_retired &&
-                       e.kind != EventKind::oom && e.kind != EventKind::device;
+                       e.kind != EventKind::oom && e.kind != EventKind::device && e.kind != EventKind::graph_mem;
   if (is_call && !e.api.empty()) {
     ApiStats& a = api(s, e);
     ++a.count;
