@@ -166,6 +166,31 @@ def same_result(name, base, *others):
     return check(name, ok, ", ".join(f'{x["name"]}: rc {x["rc"]} {exact(x)}' for x in runs))
 
 
+# transformer_step.py is not bit-reproducible on the H200 even without cupool: its exact loss
+# took two values (0x1.f6f9820000000p-1 and 0x1.f6f9840000000p-1) across runs without cupool in
+# one call (docs/gpu-runs/2026-12-01-runA), against FACTS.md's "the same exact loss". So its runs
+# under cupool are held to the values its runs without cupool gave in this same call (checked at
+# the end, over all of them), not to one run's.
+TRANSFORMER_RUNS = []
+
+
+def transformer_runs(*runs):
+    TRANSFORMER_RUNS.extend(runs)
+
+
+def check_transformer_losses():
+    if not TRANSFORMER_RUNS:
+        return
+    native = [r for r in TRANSFORMER_RUNS if r["name"].endswith("nocupool")]
+    under = [r for r in TRANSFORMER_RUNS if not r["name"].endswith("nocupool")]
+    seen = {exact(r) for r in native if r["rc"] == 0 and exact(r)}
+    check("transformer_step without cupool: at least two runs, every one finished", len(native) >= 2 and
+          all(r["rc"] == 0 and exact(r) for r in native), f"{len(native)} runs, exact losses {sorted(seen)}")
+    for r in under:
+        check(f'{r["name"]}: an exact loss a run without cupool gave', r["rc"] == 0 and exact(r) in seen,
+              f"{exact(r)} (without cupool: {sorted(seen)})")
+
+
 def traced(r, at_least=1):
     """A run under cupool whose trace recorded the program's allocations (interception worked)."""
     t = r.get("trace") or {}
@@ -198,7 +223,7 @@ if wanted("compat"):
         base = run(f"torch-{mode}-nocupool", TRANSFORMER_WITH_STATS, dict(env, MODE=mode))
         under = run(f"torch-{mode}-passthrough", TRANSFORMER_WITH_STATS, dict(env, MODE=mode),
                     shim={"CUPOOL_POLICY": "passthrough"})
-        same_result(f"torch {mode}: passthrough gives the exact loss", base, under)
+        transformer_runs(base, under)
         traced(under)
     for mode, env in {"bfc": {}, "platform": {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}}.items():
         base = run(f"jax-{mode}-nocupool", [PY, os.path.join(HERE, "jax_check.py")], env)
@@ -283,7 +308,7 @@ if wanted("steps"):
                  shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free}) for free in ("deferred", "sync")]
     under.append(run("step-torch-caching-growth", TRANSFORMER_WITH_STATS, {"MODE": "caching+cupool"},
                      shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}))
-    same_result("transformer_step: every tensor through cupool gives the exact loss", caching, bare, *under)
+    transformer_runs(caching, bare, *under)
     for r in under:
         traced(r)
     bfc = run("step-jax-bfc-nocupool", [PY, JAX_MLP], {"MODE": "bfc"})
@@ -313,7 +338,7 @@ if wanted("quarantine"):
         run("quarantine-torch-nocache-sidestream-sync", side, dict(nocache, MODE="side stream, sync"),
             shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}),
     ]
-    same_result("quarantine: every run gives the exact loss", *runs)
+    transformer_runs(*runs)
     for r in runs:
         t = r.get("trace") or {}
         r["quarantine"] = {"step_ms": parse_float(r"step=([\d.]+) ms", r["stdout"]),
@@ -396,6 +421,8 @@ if wanted("xlasync"):
 if wanted("policies"):
     p = subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, OUT])
     check("policies: every experiment ran", p.returncode == 0, f"run_policies.py exited {p.returncode}")
+
+check_transformer_losses()
 
 tag = "-".join(sorted(ONLY)) if ONLY else "all"
 with open(os.path.join(OUT, f"results-{tag}.json"), "w") as f:
