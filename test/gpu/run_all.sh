@@ -7,6 +7,7 @@
 # xlasync, policies (run_all.py's docstring says what each measures).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
+command_line="$0 $*"
 build=$(cd "$1" && pwd) carry=$(cd "$2" && pwd) out=$3; shift 3
 mkdir -p "$out"
 if [[ ! -f $build/BUILD_ID ]]; then
@@ -18,7 +19,7 @@ if ! cmp -s "$build/BUILD_ID" "$carry/BUILD_ID"; then
   exit 2
 fi
 export CUPOOL_RUN_HEADER=$out/header.json
-python3 - "$build/BUILD_ID" "$CUPOOL_RUN_HEADER" "$0 $*" <<'PY'
+python3 - "$build/BUILD_ID" "$CUPOOL_RUN_HEADER" "$command_line" <<'PY'
 import json, subprocess, sys, datetime, hashlib
 build_id, path, command = sys.argv[1:4]
 ident = dict(l.strip().split("=", 1) for l in open(build_id) if "=" in l)

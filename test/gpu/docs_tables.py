@@ -1,0 +1,225 @@
+#!/usr/bin/env python3
+"""The measurement tables of the docs, generated from the raw GPU results in docs/gpu-runs/ (each
+of which names the build, GPU, driver and command that made it), and the check that keeps the
+docs honest: a table between <!-- gpu:NAME:begin --> and <!-- gpu:NAME:end --> must be what this
+script makes of its results file, and every measured number written outside a table (a time, a
+size, a ratio, a percentage) must appear in a table of the same page.
+
+  docs_tables.py ROOT            rewrite the tables in place
+  docs_tables.py ROOT --check    exit 1 if a table or a number is not what the results say
+"""
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.abspath(sys.argv[1])
+CHECK = "--check" in sys.argv
+RUNS = os.path.join(ROOT, "docs", "gpu-runs")
+PAGES = ["README.md", "docs/compatibility.md", "docs/performance.md", "docs/policies.md"]
+MiB = 2 ** 20
+
+
+def load(name):
+    return json.load(open(os.path.join(RUNS, name)))
+
+
+def source(name, header):
+    return (f"Source: `docs/gpu-runs/{name}`: build `{header['commit']}`, {header['gpu']} (GPU, driver), "
+            f"torch {header.get('torch', '?').split()[0]}, jax {header.get('jax', '?')}, {header['date']}; "
+            f"`{header['command']}`.")
+
+
+def last_json(text):
+    for line in reversed((text or "").splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                pass
+    return {}
+
+
+def field(pattern, text):
+    m = re.search(pattern, text or "")
+    return m.group(1) if m else ""
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def by_name(runs):
+    return {r["name"]: r for r in runs}
+
+
+def allocs(r):
+    t = r.get("trace") or {}
+    return sum(v for k, v in t.get("by_api", {}).items() if k.split(":")[0] in ("alloc", "vmm_create"))
+
+
+# ---- the tables --------------------------------------------------------------------------------
+
+def compat_suite():
+    d = load("2026-12-01-runA-compat.json")
+    cells = {}
+    for r in d["runs"]:
+        cells.setdefault(r["program"], {})[r["config"]] = r["cell"]
+    configs = [c for c in d["configs"] if not c.startswith("native")]
+    rows = [[f"`{p}`", "ok" if all(c.get(n) == "ok" for n in ("native1", "native2")) else "FAIL"] +
+            [c.get(x, "?") for x in configs] for p, c in cells.items()]
+    return source("2026-12-01-runA-compat.json", d["header"]) + f" Result: {d['result']}.\n\n" + table(
+        ["program", "without cupool (twice)"] + [c.replace("-", " ") for c in configs], rows)
+
+
+def exact_and_step(run):
+    """The exact result (loss as float.hex, or the weights' digest) and the step time of a workload."""
+    exact = field(r"(?:loss_hex|params)=(\S+)", run["stdout"])
+    return f"{exact}, {field(r'step=([0-9.]+) ms', run['stdout'])} ms"
+
+
+def frameworks():
+    a = load("2026-12-01-runA.json")
+    r = by_name(a["runs"])
+    rows = []
+    for mode in ("default", "expandable", "cudaMallocAsync", "nocache"):
+        b, u = r[f"torch-{mode}-nocupool"], r[f"torch-{mode}-passthrough"]
+        rows.append([f"PyTorch `transformer_step.py`, allocator {mode}", exact_and_step(b), exact_and_step(u),
+                     allocs(u)])
+    for mode in ("bfc", "platform"):
+        b, u = r[f"jax-{mode}-nocupool"], r[f"jax-{mode}-passthrough"]
+        rows.append([f"JAX `jax_check.py`, {mode}", last_json(b["stdout"]).get("checksum"),
+                     last_json(u["stdout"]).get("checksum"), allocs(u)])
+        b, u = r[f"jaxmlp-{mode}-nocupool"], r[f"jaxmlp-{mode}-passthrough"]
+        rows.append([f"JAX `jax_mlp_step.py`, {mode}", exact_and_step(b), exact_and_step(u), ""])
+    b, u = r["cupy-nocupool"], r["cupy-passthrough"]
+    rows.append(["CuPy, pool off (`cupy_check.py`)", last_json(b["stdout"]).get("checksum"),
+                 last_json(u["stdout"]).get("checksum"), allocs(u)])
+    for kind in ("shared", "static"):
+        b = r[f"workload-{kind}-nocupool"]
+        for policy in ("passthrough", "growth"):
+            u = r[f"workload-{kind}-{policy}"]
+            j, k = last_json(b["stdout"]), last_json(u["stdout"])
+            rows.append([f"`examples/workload.cpp`, {kind} runtime, {policy}",
+                         f"{j.get('allocs')} allocs, data ok {j.get('data_ok')}",
+                         f"{k.get('allocs')} allocs, data ok {k.get('data_ok')}", allocs(u)])
+    return source("2026-12-01-runA.json", a["header"]) + "\n\n" + table(
+        ["program", "without cupool", "under cupool", "allocations in the trace"], rows)
+
+
+def pair_cost():
+    a = load("2026-12-01-runA.json")
+    rows = []
+    for run in a["runs"]:
+        if run["name"].startswith(("bench-", "round")):
+            j = last_json(run["stdout"])
+            rows.append([run["name"], j.get("label"), j.get("threads"), j.get("bytes"), j.get("median_ns")])
+    return source("2026-12-01-runA.json", a["header"]) + "\n\n" + table(
+        ["run", "what", "threads", "bytes", "median ns per alloc+free, per thread"], rows)
+
+
+def steps():
+    a = load("2026-12-01-runA.json")
+    rows = []
+    for run in a["runs"]:
+        if run["name"].startswith(("step-", "quarantine-", "vmm-")):
+            t = run.get("trace") or {}
+            exact_result = field(r"(?:loss_hex|params)=(\S+)", run["stdout"]) or last_json(run["stdout"]).get("digest")
+            rows.append([run["name"], field(r"step=([\d.]+) ms", run["stdout"]), exact_result or "",
+                         f"{t['peak_reserved'] // MiB} MiB" if t.get("peak_reserved") else "",
+                         f"{t['peak_quarantined'] // MiB} MiB" if t.get("peak_reserved") else "",
+                         allocs(run) if t else ""])
+    return source("2026-12-01-runA.json", a["header"]) + "\n\n" + table(
+        ["run", "step ms", "exact result (loss hex / weights digest)", "peak reserved", "peak quarantined",
+         "allocations in the trace"], rows)
+
+
+def policies(kind):
+    b = load("2026-12-01-runB-policies.json")
+    rows = []
+    for run in b["runs"]:
+        if not run["name"].startswith(kind):
+            continue
+        rep = run["report"] if isinstance(run["report"], list) else []
+        for i, p in enumerate(run["processes"]):
+            res = p["result"] or {}
+            d = rep[i] if i < len(rep) else {}
+            frag = (d.get("fragmentation") or {})
+            if not d and res.get("torch_max_reserved"):  # no trace: PyTorch's own count (marked *)
+                in_use, reserved = res["torch_max_allocated"], res["torch_max_reserved"]
+                cells = [f"{in_use // MiB} MiB*", f"{reserved // MiB} MiB*", f"{reserved / in_use:.3f}*", "", ""]
+            else:
+                cells = [f"{d['peak_in_use'] // MiB} MiB" if d.get("peak_in_use") else "",
+                         f"{d['peak_reserved'] // MiB} MiB" if d.get("peak_reserved") else "",
+                         f"{d['reserved_ratio']:.3f}" if d.get("reserved_ratio") else "",
+                         f"{frag['at_peak_in_use'] * 100:.1f}%" if frag else "", d.get("ooms", "")]
+            rows.append([run["name"] + (f" (process {i + 1})" if len(run["processes"]) > 1 else ""), p["rc"],
+                         res.get("median_step_ms", ""), res.get("loss_hex") or res.get("checksum", "")] + cells)
+    return source("2026-12-01-runB-policies.json", b["header"]) + " *: PyTorch's own count " + \
+        "(`torch.cuda.max_memory_allocated` / `max_memory_reserved`), where no trace saw its memory.\n\n" + table(
+        ["run", "exit", "median step ms", "exact loss / checksum", "peak in use", "peak reserved", "reserved / in use",
+         "fragmentation at peak in use", "out of memory"], rows)
+
+
+def limit():
+    text = open(os.path.join(RUNS, "2026-12-01-runC-limit.txt")).read().splitlines()
+    keep = [l for l in text if re.search(r"commit=|H200|UTC|command:|refused|out of memory|rc=|fragmentation", l)]
+    return ("Source: `docs/gpu-runs/2026-12-01-runC-limit.txt` (its first lines name the build, GPU and "
+            "driver, date and command); the lines of it that matter:\n\n```\n" + "\n".join(keep) + "\n```")
+
+
+TABLES = {"compat-suite": compat_suite, "frameworks": frameworks, "pair-cost": pair_cost, "steps": steps,
+          "policies-pt": lambda: policies("pt-"), "policies-jax": lambda: policies("jax-"),
+          "policies-share": lambda: policies("share-"), "limit": limit}
+
+# ---- rewriting and checking ------------------------------------------------------------------------
+
+BLOCK = re.compile(r"(<!-- gpu:([a-z-]+):begin -->\n)(.*?)(<!-- gpu:\2:end -->)", re.S)
+# A measured number: a value with a unit of time, size, or a ratio or share.
+NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(ms|us|µs|ns|s\b|MiB|GiB|KiB|MB|GB|%|x\b|times\b)")
+
+errors = []
+for page in PAGES:
+    path = os.path.join(ROOT, page)
+    text = open(path).read()
+
+    def fill(m):
+        name = m.group(2)
+        if name not in TABLES:
+            errors.append(f"{page}: unknown table {name}")
+            return m.group(0)
+        made = TABLES[name]() + "\n"
+        if CHECK and m.group(3) != made:
+            errors.append(f"{page}: table {name} is not what docs/gpu-runs says (run test/gpu/docs_tables.py ROOT)")
+        return m.group(1) + made + m.group(4)
+
+    new = BLOCK.sub(fill, text)
+    inside = " ".join(m.group(3) for m in BLOCK.finditer(new))
+    outside = BLOCK.sub("", new)
+    # Numbers in the options table and in code are not measurements.
+    outside = re.sub(r"<!-- options:begin -->.*?<!-- options:end -->", "", outside, flags=re.S)
+    outside = re.sub(r"```.*?```", "", outside, flags=re.S)
+    # Code spans hold names, options and commands, not measurements; a results file named in one
+    # stays visible to the paragraph.
+    outside = re.sub(r"`([^`]*)`", lambda m: m.group(1) if "docs/gpu-runs/" in m.group(1) else "", outside)
+    # A number outside the tables must be in one of them, or in a raw results file that its own
+    # paragraph names (docs/gpu-runs/FILE): quoted from the output, not typed in.
+    for para in re.split(r"\n\s*\n", outside):
+        named = ""
+        for f in re.findall(r"docs/gpu-runs/([\w.-]*\w)", para):  # not a sentence's full stop
+            if os.path.isfile(os.path.join(RUNS, f)):
+                named += open(os.path.join(RUNS, f), errors="replace").read()
+        for m in NUMBER.finditer(para):
+            if m.group(1) not in inside and m.group(1) not in named:
+                errors.append(f"{page}: '{m.group(0)}' is in no table of the page generated from docs/gpu-runs, "
+                              "nor in a results file its paragraph names")
+    if not CHECK and new != text:
+        open(path, "w").write(new)
+
+for e in errors:
+    print("FAIL:", e)
+if errors:
+    sys.exit(1)
+print(f"ok: the measurement tables of {', '.join(PAGES)} are what docs/gpu-runs says, and so are their numbers")
