@@ -13,6 +13,8 @@ import os
 import re
 import sys
 
+from results import exact_result, last_json  # test/gpu/results.py
+
 ROOT = os.path.abspath(sys.argv[1])
 CHECK = "--check" in sys.argv
 RUNS = os.path.join(ROOT, "docs", "gpu-runs")
@@ -30,14 +32,6 @@ def source(name, header):
             f"`{header['command']}`.")
 
 
-def last_json(text):
-    for line in reversed((text or "").splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                pass
-    return {}
 
 
 def field(pattern, text):
@@ -76,8 +70,7 @@ def compat_suite():
 
 def exact_and_step(run):
     """The exact result (loss as float.hex, or the weights' digest) and the step time of a workload."""
-    exact = field(r"(?:loss_hex|params)=(\S+)", run["stdout"])
-    return f"{exact}, {field(r'step=([0-9.]+) ms', run['stdout'])} ms"
+    return f"{exact_result(run['stdout'])}, {field(r'step=([0-9.]+) ms', run['stdout'])} ms"
 
 
 def frameworks():
@@ -126,8 +119,8 @@ def steps():
     for run in a["runs"]:
         if run["name"].startswith(("step-", "quarantine-", "vmm-")):
             t = run.get("trace") or {}
-            exact_result = field(r"(?:loss_hex|params)=(\S+)", run["stdout"]) or last_json(run["stdout"]).get("digest")
-            rows.append([run["name"], field(r"step=([\d.]+) ms", run["stdout"]), exact_result or "",
+            exact = exact_result(run["stdout"]) or last_json(run["stdout"]).get("digest")
+            rows.append([run["name"], field(r"step=([\d.]+) ms", run["stdout"]), exact or "",
                          f"{t['peak_reserved'] // MiB} MiB" if t.get("peak_reserved") else "",
                          f"{t['peak_quarantined'] // MiB} MiB" if t.get("peak_reserved") else "",
                          allocs(run) if t else ""])

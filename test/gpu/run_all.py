@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+import results  # test/gpu/results.py
+
 BUILD, WORKLOADS, BIN, OUT = (os.path.abspath(p) for p in sys.argv[1:5])
 ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
 SHIM = os.path.join(BUILD, "shim", "libcupool.so")
@@ -141,21 +143,12 @@ def wanted(group):
 
 
 def last_json(r):
-    for line in reversed((r.get("stdout") or "").splitlines()):
-        if line.startswith("{"):
-            try:
-                return json.loads(line)
-            except json.JSONDecodeError:
-                pass
-    return {}
+    return results.last_json(r.get("stdout"))
 
 
 def exact(r):
-    """The bit-exact result of a reference workload: transformer_step.py's loss as float.hex,
-    jax_mlp_step.py's digest of the weights after the last step (FACTS.md: the other figures a
-    workload prints are rounded, or not reproducible from run to run)."""
-    m = re.search(r"(?:loss_hex|params)=(\S+)", r.get("stdout") or "")
-    return m.group(1) if m else None
+    """The bit-exact result of a reference workload (the other figures it prints are rounded)."""
+    return results.exact_result(r.get("stdout"))
 
 
 def same_result(name, base, *others):

@@ -10,24 +10,16 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_under_shim import fail, shim_env  # noqa: E402
+
 shim, sim_dir, prog = sys.argv[1:4]
 sanitized = len(sys.argv) > 4 and sys.argv[4] == "sanitized"
 
 
-def fail(msg):
-    print(f"FAIL: {msg}", file=sys.stderr)
-    sys.exit(1)
-
-
 with tempfile.TemporaryDirectory() as tmp:
-    env = dict(os.environ)
-    preload = [shim]
-    if sanitized:
-        asan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-        preload.insert(0, asan)
-        env["ASAN_OPTIONS"] = "detect_leaks=0:" + env.get("ASAN_OPTIONS", "")
-    env.update(LD_PRELOAD=":".join(preload), LD_LIBRARY_PATH=sim_dir, CUPOOL_TRACE=os.path.join(tmp, "t.%p.jsonl"),
-               CUPOOL_LOG_LEVEL="info", CUPOOL_NO_SUCH_OPTION="1")
+    env = shim_env(shim, sim_dir, sanitized)
+    env.update(CUPOOL_TRACE=os.path.join(tmp, "t.%p.jsonl"), CUPOOL_LOG_LEVEL="info", CUPOOL_NO_SUCH_OPTION="1")
     env.pop("CUPOOL_TRACE_ROOT_PID", None)
     p = subprocess.run(["sh", "-c", "true; ls / >/dev/null; echo done"], env=env, capture_output=True, text=True)
     if p.returncode != 0 or p.stdout != "done\n" or p.stderr:

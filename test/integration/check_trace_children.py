@@ -13,20 +13,13 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from run_under_shim import fail, read_trace  # noqa: E402
+from run_under_shim import fail, read_trace, shim_env  # noqa: E402
 
 shim, sim_dir, prog = sys.argv[1:4]
 sanitized = len(sys.argv) > 4 and sys.argv[4] == "sanitized"
 
 with tempfile.TemporaryDirectory() as tmp:
-    env = dict(os.environ)
-    preload = [shim]
-    if sanitized:
-        asan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-        preload.insert(0, asan)
-        env["ASAN_OPTIONS"] = "detect_leaks=0:" + env.get("ASAN_OPTIONS", "")
-    env["LD_PRELOAD"] = ":".join(preload)
-    env["LD_LIBRARY_PATH"] = sim_dir + ":" + env.get("LD_LIBRARY_PATH", "")
+    env = shim_env(shim, sim_dir, sanitized)
     env["CUPOOL_TRACE"] = os.path.join(tmp, "trace.jsonl")
     env["CUPOOL_POLICY"] = "growth"
     env["CUPOOL_LOG_LEVEL"] = "warn"

@@ -40,6 +40,20 @@ def fail(msg):
     sys.exit(1)
 
 
+def shim_env(shim, sim_dir, sanitized):
+    """This process's environment with libcupool.so preloaded and the simulated CUDA on the library
+    path. Under the sanitizers, their runtime must come first in a preloaded process."""
+    env = dict(os.environ)
+    preload = [shim]
+    if sanitized:
+        asan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+        preload.insert(0, asan)
+        env["ASAN_OPTIONS"] = "detect_leaks=0:" + env.get("ASAN_OPTIONS", "")
+    env["LD_PRELOAD"] = ":".join(preload)
+    env["LD_LIBRARY_PATH"] = sim_dir + ":" + env.get("LD_LIBRARY_PATH", "")
+    return env
+
+
 def read_trace(path):
     lines = open(path, encoding="utf-8").read().splitlines()
     if not lines:
@@ -179,15 +193,7 @@ def main():
 
     name = os.path.basename(a.program)
     with tempfile.TemporaryDirectory() as tmp:
-        env = dict(os.environ)
-        preload = [a.shim]
-        if a.sanitized:
-            # The sanitizer runtime must come first in a preloaded process.
-            asan = subprocess.run(["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-            preload.insert(0, asan)
-            env["ASAN_OPTIONS"] = "detect_leaks=0:" + env.get("ASAN_OPTIONS", "")
-        env["LD_PRELOAD"] = ":".join(preload)
-        env["LD_LIBRARY_PATH"] = a.sim_dir + ":" + env.get("LD_LIBRARY_PATH", "")
+        env = shim_env(a.shim, a.sim_dir, a.sanitized)
         env["CUPOOL_TRACE"] = os.path.join(tmp, "trace.%p.jsonl")
         env["CUPOOL_POLICY"] = a.policy
         env["CUPOOL_FREE"] = a.free
