@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "hook_table.h"
-#include "log.h"
 #include "streams.h"
 
 namespace cupool::shim {
@@ -28,8 +27,6 @@ const DriverCalls& driver() {
     get(c.thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode");
     get(c.stream_is_capturing, "cuStreamIsCapturing");
     get(c.device_get_graph_mem_attribute, "cuDeviceGetGraphMemAttribute");
-    get(c.array_get_descriptor, "cuArrayGetDescriptor_v2");
-    get(c.array3d_get_descriptor, "cuArray3DGetDescriptor_v2");
     return c;
   }();
   return calls;
@@ -174,8 +171,12 @@ void DriverUpstream::stream_destroying(CUstream stream) {
   // An idle stream needs no tombstone; a query is an unsafe call, though, not to be made while a
   // capture forbids it (then the event is recorded anyway: recording on a stream that is not
   // capturing is always allowed).
-  if (!captures().prohibited_here() && driver().stream_query(stream) == CUDA_SUCCESS) return;
+  const bool may_query = !captures().prohibited_here();
+  if (may_query && driver().stream_query(stream) == CUDA_SUCCESS) return;
   std::lock_guard lock(fence_mutex_);
+  // Tombstones whose work is done go now too: in sync mode no fence is placed to prune them, and
+  // a program that makes and destroys busy streams in a loop would otherwise pile them up.
+  if (may_query) prune_tombstones_locked();
   CUevent e = nullptr;
   if (driver().event_create(&e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return;
   if (driver().event_record(e, stream) != CUDA_SUCCESS) {
@@ -238,15 +239,19 @@ FenceId DriverUpstream::place_fence() {
     fence.events.push_back(e);
   }
   // Destroyed streams whose last work is still running: no event can be recorded there any more.
+  prune_tombstones_locked();
+  fence.tombstones = tombstones_;
+  FenceId id = next_fence_++;
+  fences_.emplace(id, std::move(fence));
+  return id;
+}
+
+void DriverUpstream::prune_tombstones_locked() {
   tombstones_.erase(std::remove_if(tombstones_.begin(), tombstones_.end(),
                                    [](const TombstoneRef& t) {
                                      return driver().event_query(t->event) != CUDA_ERROR_NOT_READY;
                                    }),
                     tombstones_.end());
-  fence.tombstones = tombstones_;
-  FenceId id = next_fence_++;
-  fences_.emplace(id, std::move(fence));
-  return id;
 }
 
 void DriverUpstream::forget_fence(FenceId fence) {

@@ -36,8 +36,6 @@ struct DriverCalls {
   decltype(&::cuThreadExchangeStreamCaptureMode) thread_exchange_capture_mode = nullptr;
   decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
   decltype(&::cuDeviceGetGraphMemAttribute) device_get_graph_mem_attribute = nullptr;
-  decltype(&::cuArrayGetDescriptor_v2) array_get_descriptor = nullptr;
-  decltype(&::cuArray3DGetDescriptor_v2) array3d_get_descriptor = nullptr;
 };
 const DriverCalls& driver();
 
@@ -79,6 +77,7 @@ class DriverUpstream final : public Upstream {
   struct Tombstone;
   using TombstoneRef = std::shared_ptr<Tombstone>;
   void forget_fence(FenceId fence);
+  void prune_tombstones_locked();  // drops those whose work is done
   CUevent take_event_locked();
   void wait_uncaptured();
   CUcontext ctx_;
