@@ -42,7 +42,8 @@ class VmmDriver {
  public:
   virtual ~VmmDriver() = default;
   virtual void unmap(std::uint64_t va, std::uint64_t size) = 0;
-  virtual void release(std::uint64_t handle) = 0;  // also uncharges the handle's bytes
+  // True if the driver released it (ProcessMemory then uncharges the handle's bytes).
+  virtual bool release(std::uint64_t handle) = 0;
   virtual void address_free(std::uint64_t va, std::uint64_t size) = 0;
 };
 

@@ -103,30 +103,6 @@ ContextPool* driver_pool() {
   return current_pool(&rc);
 }
 
-void warn_oom(const ContextPool* cp, const char* api, std::uint64_t size, OomClass oom) {
-  const trace::PoolState s = cp->pool->state();
-  std::size_t free = 0, total = 0;
-  cp->pool->mem_info(&free, &total);
-  std::string why;
-  switch (oom) {
-    case OomClass::limit:
-      why = "limit: the cap of " + human_bytes(total) + " would be exceeded";
-      break;
-    case OomClass::fragmentation:
-      why = "fragmentation: the pool holds " + human_bytes(s.reserved - s.in_use) +
-            " free but its largest free block is " + human_bytes(s.largest_free);
-      break;
-    case OomClass::device:
-      why = "device: the driver itself is out of memory";
-      break;
-    default:
-      why = "unclassified";
-  }
-  log_warn(std::string("out of memory on device ") + std::to_string(cp->device) + ": " + api + " of " +
-           human_bytes(size) + " refused (" + why + "); reserved " + human_bytes(s.reserved) + ", in use " +
-           human_bytes(s.in_use) + ", " + std::to_string(s.free_blocks) + " free blocks");
-}
-
 // After a refusal of cupool's own in a runtime hook, the runtime's sticky error (cudaGetLastError,
 // cudaPeekAtLastError) must say what the driver's refusal would have left there:
 // cudaErrorMemoryAllocation. Asked of the runtime with an allocation no device can satisfy; only
@@ -145,90 +121,38 @@ void set_runtime_last_error_oom() {
 // the capture. cupool must do the same rather than serve it from a pool.
 bool capture_forbids_here() { return captures().any() && captures().prohibited_here(); }
 
-std::uint64_t vmm_evict(ContextPool* cp);
-std::uint64_t vmm_free_bytes(ContextPool* cp);
+ProcessMemory& memory() { return process_memory(); }
 
-// Serves an allocation from the pool. Returns 0 and the pointer, or the OOM class.
+// Serves an allocation from the pool (policy/process_memory.h: kept VMM mappings go back before a
+// refusal). Returns the pointer, or the OOM class.
 AllocResult pool_allocate(ContextPool* cp, std::size_t size, const char* api, trace::PoolState* state) {
-  AllocResult r = cp->pool->allocate(size, state);
-  if (r.ptr == 0 && vmm_evict(cp) > 0) r = cp->pool->allocate(size, state);  // kept VMM mappings first
-  if (r.ptr == 0) warn_oom(cp, api, size, r.oom == OomClass::none ? OomClass::device : r.oom);
-  return r;
+  return memory().allocate(*cp, size, api, state);
 }
 
-// A pointer cupool did not hand out and the driver will free: uncharge it if it was counted.
+// A pointer cupool did not hand out and the driver has freed: uncharged if it was counted.
 void forget_external(std::uint64_t key, std::uint64_t* bytes, ContextPool** owner) {
-  if (external_remove(key, bytes, owner) && *owner) (*owner)->pool->uncharge_external(*bytes);
+  memory().forget_outside(key, bytes, owner);
 }
 
-// The real calls of the VMM mapping cache: giving a kept mapping back, or making the driver's
-// state match what the program believes. A released handle is uncharged like the program's own.
-class RealVmm final : public VmmDriver {
- public:
-  void unmap(std::uint64_t va, std::uint64_t size) override {
-    if (auto f = CUPOOL_REAL(cuMemUnmap)) f(va, size);
-  }
-  void release(std::uint64_t handle) override {
-    auto f = CUPOOL_REAL(cuMemRelease);
-    std::uint64_t bytes = 0;
-    ContextPool* owner = nullptr;
-    if (f && f(handle) == CUDA_SUCCESS) forget_external(handle, &bytes, &owner);
-  }
-  void address_free(std::uint64_t va, std::uint64_t size) override {
-    if (auto f = CUPOOL_REAL(cuMemAddressFree)) f(va, size);
-  }
-};
+VmmCache* vmm_cache() { return memory().vmm_cache(); }
 
-std::atomic<VmmCache*> g_vmm_cache{nullptr};
-
-VmmCache* make_vmm_cache() {
-  static RealVmm* real = new RealVmm;  // never destroyed: hooks may run during exit
-  return new VmmCache(*real, config().free_mode);
-}
-
-// The process's VMM mapping cache, or nullptr when it is off (passthrough, CUPOOL_VMM_CACHE=off).
-VmmCache* vmm_cache() {
-  if (!pooled() || !config().vmm_cache) return nullptr;
-  VmmCache* c = g_vmm_cache.load(std::memory_order_acquire);
-  if (c) return c;
-  VmmCache* fresh = make_vmm_cache();
-  if (g_vmm_cache.compare_exchange_strong(c, fresh, std::memory_order_acq_rel)) return fresh;
-  delete fresh;
-  return c;
-}
-
-// Memory pressure: the context's free mappings go back to the driver (and off the cap).
-std::uint64_t vmm_evict(ContextPool* cp) {
-  VmmCache* c = cp ? g_vmm_cache.load(std::memory_order_acquire) : nullptr;
-  return c ? c->evict_free(cp->upstream) : 0;
-}
-
-std::uint64_t vmm_free_bytes(ContextPool* cp) {
-  VmmCache* c = cp ? g_vmm_cache.load(std::memory_order_acquire) : nullptr;
-  return c ? c->free_bytes(cp->upstream) : 0;
-}
-
-// Runs a driver allocation outside the pools (managed, stream-ordered, VMM, passthrough),
-// charging the cap first. `call` returns the API's code; `ok`/`oom` are that API's codes.
-// `refused_here` (if given) is set when cupool itself refused (the cap), not the driver: a
-// runtime hook must then leave the runtime's last error as the driver's refusal would.
+// Runs a driver allocation outside the pools (managed, stream-ordered, VMM, passthrough) through
+// ProcessMemory, which charges the cap first. `call` returns the API's code and leaves the new
+// pointer or handle in *key; `ok`/`oom` are that API's codes. `refused_here` (if given) is set
+// when cupool itself refused (the cap), not the driver: a runtime hook must then leave the
+// runtime's last error as the driver's refusal would.
 template <typename Code, typename Call>
 Code external_allocate(ContextPool* cp, std::uint64_t bytes, Code ok, Code oom, const char* api,
                        std::uint64_t* key, Call&& call, bool* refused_here = nullptr) {
-  // Free VMM mappings the cache keeps are charged: past the cap, they go back first (before the
-  // charge, whose refusal is an oom event of its own).
-  if (cp && vmm_free_bytes(cp) > 0 && !cp->pool->has_room(bytes)) vmm_evict(cp);
-  if (cp && !cp->pool->try_charge_external(bytes)) {
-    warn_oom(cp, api, bytes, OomClass::limit);
+  Code rc = oom;
+  const OutsideAnswer answer = memory().allocate_outside(cp, bytes, api, [&](std::uint64_t* made) {
+    rc = call();
+    *made = *key;
+    return rc == ok ? OutsideAnswer::ok : rc == oom ? OutsideAnswer::out_of_memory : OutsideAnswer::failed;
+  });
+  if (answer == OutsideAnswer::refused_by_cap) {
     if (refused_here) *refused_here = true;
     return oom;
-  }
-  Code rc = call();
-  if (rc == oom && vmm_evict(cp) > 0) rc = call();  // the driver itself is short: the same
-  if (rc == ok) {
-    external_add(*key, bytes, cp);
-  } else if (cp) {
-    cp->pool->uncharge_external(bytes);
   }
   return rc;
 }
@@ -236,15 +160,6 @@ Code external_allocate(ContextPool* cp, std::uint64_t bytes, Code ok, Code oom, 
 std::uint64_t round_pitch(std::size_t width) { return (width + 511) & ~std::uint64_t{511}; }
 
 }  // namespace
-
-void vmm_drop_context(ContextPool* cp) {
-  if (VmmCache* c = g_vmm_cache.load(std::memory_order_acquire)) c->abandon(cp->upstream);
-}
-
-// The parent's mappings are not the child's (CUDA does not survive fork); its lock may be held.
-void vmm_after_fork_child() {
-  if (g_vmm_cache.load(std::memory_order_acquire)) g_vmm_cache.store(make_vmm_cache(), std::memory_order_release);
-}
 
 namespace impl {
 
@@ -417,11 +332,11 @@ namespace {
 cudaError_t refuse_runtime_as_capture_does(ContextPool* cp) {
   using EventQuery = cudaError_t (*)(cudaEvent_t);
   if (auto query = reinterpret_cast<EventQuery>(runtime_function("cudaEventQuery")))
-    if (CUevent probe = cp->upstream->probe_event()) {
+    if (CUevent probe = driver_upstream(*cp).probe_event()) {
       const cudaError_t rc = query(reinterpret_cast<cudaEvent_t>(probe));
       return rc == cudaSuccess ? cudaErrorStreamCaptureUnsupported : rc;
     }
-  cp->upstream->refuse_as_capture_does();
+  driver_upstream(*cp).refuse_as_capture_does();
   return cudaErrorStreamCaptureUnsupported;
 }
 
@@ -469,13 +384,7 @@ cudaError_t cudaFree(Path path, void* devPtr) {
 
 namespace {
 // Memory info as the process's share: total is the cap, free what it could still get.
-bool pool_mem_info(ContextPool* cp, size_t* free, size_t* total) {
-  if (cp == nullptr || free == nullptr || total == nullptr) return false;
-  if (!pooled() && !config().limit.for_device(cp->device)) return false;  // pure passthrough
-  cp->pool->mem_info(free, total);
-  *free = std::min<std::uint64_t>(*total, *free + vmm_free_bytes(cp));  // kept VMM mappings are free to it
-  return true;
-}
+bool pool_mem_info(ContextPool* cp, size_t* free, size_t* total) { return memory().mem_info(cp, free, total); }
 }  // namespace
 
 cudaError_t cudaMemGetInfo(Path path, size_t* free, size_t* total) {
@@ -561,7 +470,7 @@ CUresult cuMemFree_v2(Path path, CUdeviceptr dptr) {
   initialize();
   return free_any(path, "cuMemFree_v2", dptr, CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE,
                   [&] { return real ? real(dptr) : CUDA_ERROR_NOT_INITIALIZED; },
-                  [](ContextPool* cp) { return cp->upstream->refuse_as_capture_does(); });
+                  [](ContextPool* cp) { return driver_upstream(*cp).refuse_as_capture_does(); });
 }
 
 CUresult cuMemAllocManaged(Path path, CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {

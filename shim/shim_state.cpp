@@ -12,13 +12,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
+#include <functional>
 
-#include "device_pool.h"
 #include "event_clock.h"
 #include "hook_table.h"
 #include "log.h"
 #include "options.h"
+#include "process_memory.h"
 #include "streams.h"
 #include "trace_writer.h"
 
@@ -36,34 +36,35 @@ std::atomic<bool> g_exiting{false};
 Config* g_config = nullptr;                     // never destroyed: hooks may run during exit
 std::atomic<TraceWriter*> g_writer{nullptr};
 
-// One slot per context that ever allocated; read without a lock on the hot path.
-constexpr int kMaxContexts = 64;
-std::atomic<CUcontext> g_slot_ctx[kMaxContexts];
-ContextPool* g_slot_pool[kMaxContexts];
-std::atomic<int> g_slot_count{0};
-std::mutex g_pools_mutex;  // creating and dropping pools only
+ProcessMemory* g_memory = nullptr;  // never destroyed: hooks may run during exit
 
-struct ExternalAllocation {
-  std::uint64_t bytes;
-  ContextPool* owner;
+// The real calls the VMM mapping cache makes itself: giving a kept mapping back, or making the
+// driver's state match what the program believes.
+class RealVmm final : public VmmDriver {
+ public:
+  void unmap(std::uint64_t va, std::uint64_t size) override {
+    if (auto f = CUPOOL_REAL(cuMemUnmap)) f(va, size);
+  }
+  bool release(std::uint64_t handle) override {
+    auto f = CUPOOL_REAL(cuMemRelease);
+    return f && f(handle) == CUDA_SUCCESS;
+  }
+  void address_free(std::uint64_t va, std::uint64_t size) override {
+    if (auto f = CUPOOL_REAL(cuMemAddressFree)) f(va, size);
+  }
 };
-std::mutex g_external_mutex;
-std::unordered_map<std::uint64_t, ExternalAllocation>* g_external = nullptr;
 
-// A context handle never handed out by the driver marks a dropped slot.
-CUcontext const kDroppedContext = reinterpret_cast<CUcontext>(~std::uintptr_t{0});
+std::uint64_t key_of(CUcontext ctx) { return reinterpret_cast<std::uintptr_t>(ctx); }
 
 void at_exit() {
   g_exiting.store(true, std::memory_order_release);
   // Chunks are not given back: the driver may already be shutting down, and exit frees them.
-  for (int i = 0; i < g_slot_count.load(std::memory_order_acquire); ++i)
-    if (g_slot_pool[i]) g_slot_pool[i]->upstream->detach();
+  if (g_memory) g_memory->for_each([](ContextPool& cp) { driver_upstream(cp).detach(); });
   if (TraceWriter* w = g_writer.exchange(nullptr)) w->close();  // footer; the object stays
 }
 
 void fork_prepare() {
-  g_pools_mutex.lock();
-  g_external_mutex.lock();
+  g_memory->prepare_fork();
   streams().prepare_fork();
   captures().prepare_fork();
   if (TraceWriter* w = g_writer.load()) w->prepare_fork();
@@ -72,8 +73,7 @@ void fork_parent() {
   if (TraceWriter* w = g_writer.load()) w->parent_after_fork();
   captures().parent_after_fork();
   streams().parent_after_fork();
-  g_external_mutex.unlock();
-  g_pools_mutex.unlock();
+  g_memory->parent_after_fork();
 }
 void fork_child() {
   EventClock::after_fork_in_child();
@@ -81,17 +81,7 @@ void fork_child() {
   captures().child_after_fork();
   streams().child_after_fork();
   // CUDA contexts do not survive fork: the child starts with no pools and no driver memory.
-  DevicePool::after_fork_in_child();
-  for (int i = 0; i < g_slot_count.load(); ++i) {
-    if (!g_slot_pool[i]) continue;
-    g_slot_pool[i]->upstream->detach();
-    g_slot_pool[i]->pool->abandon_after_fork();
-    g_slot_ctx[i].store(kDroppedContext);
-  }
-  vmm_after_fork_child();
-  g_external->clear();
-  g_external_mutex.unlock();
-  g_pools_mutex.unlock();
+  g_memory->child_after_fork([](ContextPool& cp) { driver_upstream(cp).detach(); });
 }
 
 // At load, before the program's own code: what a process that never uses CUDA pays too, so only
@@ -106,7 +96,6 @@ void load_once() {
   }
   g_config = new Config(std::get<Config>(parsed));
   log_init(g_config->log_level);
-  g_external = new std::unordered_map<std::uint64_t, ExternalAllocation>;
   if (!g_config->trace_path.empty()) {
     // No file yet (it is made at the first event), but the process's place among traced
     // processes is settled now, for the children it starts.
@@ -119,6 +108,8 @@ void load_once() {
     }
     g_writer.store(writer.release(), std::memory_order_release);
   }
+  static RealVmm real_vmm;  // no destructor to run at exit: it holds nothing
+  g_memory = new ProcessMemory(*g_config, g_writer.load(), &real_vmm);
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   std::atexit(at_exit);
 }
@@ -171,36 +162,25 @@ void emit(const trace::Record& record) {
   if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->record(record);
 }
 
+ProcessMemory& process_memory() { return *g_memory; }
+
 namespace {
 
-ContextPool* find_slot(CUcontext ctx) {
-  const int n = g_slot_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i)
-    if (g_slot_ctx[i].load(std::memory_order_acquire) == ctx) return g_slot_pool[i];
-  return nullptr;
-}
-
-ContextPool* create_pool(CUcontext ctx, CUresult* rc) {
-  std::lock_guard lock(g_pools_mutex);
-  if (ContextPool* existing = find_slot(ctx)) return existing;
+// Describes a new context's memory: its device, primary context and driver upstream. Called once
+// per context, under the contexts' lock.
+bool describe_context(CUcontext ctx, ContextPool& cp, CUresult* rc) {
   const DriverCalls& d = driver();
   CUdevice device = 0;
   if (CUresult r = d.ctx_get_device(&device); r != CUDA_SUCCESS) {
     *rc = r;
-    return nullptr;
+    return false;
   }
-  auto* cp = new ContextPool;
-  cp->ctx = ctx;
-  cp->device = device;
-  if (d.primary_ctx_retain(&cp->primary, device) == CUDA_SUCCESS) d.primary_ctx_release(device);
-  cp->upstream = new DriverUpstream(ctx, device);
-  cp->pool = new DevicePool(*g_config, device, *cp->upstream, g_writer.load());
-
-  bool device_known = false;
-  const int n = g_slot_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i)
-    if (g_slot_pool[i] && g_slot_pool[i]->device == device) device_known = true;
-  if (!device_known) {
+  cp.device = device;
+  CUcontext primary = nullptr;
+  if (d.primary_ctx_retain(&primary, device) == CUDA_SUCCESS) d.primary_ctx_release(device);
+  cp.primary = key_of(primary);
+  cp.upstream = new DriverUpstream(ctx, device);  // leaked with the record: hooks may run during exit
+  if (!g_memory->device_known(device)) {
     char name[256] = {};
     std::size_t total = 0;
     d.device_get_name(name, sizeof name, device);
@@ -208,28 +188,12 @@ ContextPool* create_pool(CUcontext ctx, CUresult* rc) {
     if (TraceWriter* w = g_writer.load()) w->write_device(device, name, total);
     if (log_debug_enabled()) log_debug(std::string("device ") + std::to_string(device) + ": " + name);
   }
-
-  // Reuse a dropped slot if there is one; else append.
-  int slot = -1;
-  for (int i = 0; i < n; ++i)
-    if (g_slot_ctx[i].load() == kDroppedContext) slot = i;
-  if (slot < 0) {
-    if (n == kMaxContexts) {
-      log_error("more than 64 CUDA contexts in one process; allocations in the others go to the driver");
-      *rc = CUDA_ERROR_OUT_OF_MEMORY;
-      return nullptr;
-    }
-    slot = n;
-  }
-  g_slot_pool[slot] = cp;
-  g_slot_ctx[slot].store(ctx, std::memory_order_release);
-  if (slot == n) g_slot_count.store(n + 1, std::memory_order_release);
-  return cp;
+  return true;
 }
 
 }  // namespace
 
-ContextPool* existing_pool(CUcontext ctx) { return ctx ? find_slot(ctx) : nullptr; }
+ContextPool* existing_pool(CUcontext ctx) { return ctx ? g_memory->find(key_of(ctx)) : nullptr; }
 
 ContextPool* current_pool(CUresult* rc) {
   const DriverCalls& d = driver();
@@ -242,80 +206,43 @@ ContextPool* current_pool(CUresult* rc) {
     *rc = r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_CONTEXT;
     return nullptr;
   }
-  if (ContextPool* cp = find_slot(ctx)) return cp;
-  return create_pool(ctx, rc);
+  if (ContextPool* cp = g_memory->find(key_of(ctx))) return cp;
+  *rc = CUDA_ERROR_OUT_OF_MEMORY;  // unless describe_context says otherwise
+  ContextPool* cp = g_memory->find_or_add(key_of(ctx), [&](ContextPool& fresh) { return describe_context(ctx, fresh, rc); });
+  if (cp) *rc = CUDA_SUCCESS;
+  return cp;
 }
 
 void synchronize_all_pools() {
-  const int n = g_slot_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    CUcontext c = g_slot_ctx[i].load(std::memory_order_acquire);
-    if (c != kDroppedContext && g_slot_pool[i]) g_slot_pool[i]->upstream->synchronize();
-  }
+  g_memory->for_each([](ContextPool& cp) { driver_upstream(cp).synchronize(); });
 }
 
-ContextPool* pool_owning(std::uint64_t ptr) {
-  const int n = g_slot_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    CUcontext c = g_slot_ctx[i].load(std::memory_order_acquire);
-    if (c != kDroppedContext && g_slot_pool[i]->pool->owns(ptr)) return g_slot_pool[i];
-  }
-  return nullptr;
-}
+ContextPool* pool_owning(std::uint64_t ptr) { return g_memory->owning(ptr); }
 
 namespace {
-void drop_slot(int i, const char* api) {
-  ContextPool* cp = g_slot_pool[i];
-  g_slot_ctx[i].store(kDroppedContext, std::memory_order_release);
-  cp->upstream->detach();
-  cp->pool->abandon();
-  vmm_drop_context(cp);
-  if (tracing()) {
-    trace::Record r;
-    r.t_ns = now_ns();
-    r.kind = trace::EventKind::context_reset;
-    r.api = api;
-    r.device = static_cast<std::int16_t>(cp->device);
-    r.tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
-    emit(r);
-  }
-  // The ContextPool is leaked on purpose: another thread may still hold a pointer to it.
-  std::lock_guard lock(g_external_mutex);
-  for (auto it = g_external->begin(); it != g_external->end();)
-    it = it->second.owner == cp ? g_external->erase(it) : std::next(it);
+// Before a context's memory is forgotten: its upstream makes no more driver calls, and the trace
+// says so.
+std::function<void(ContextPool&)> dropping(const char* api) {
+  return [api](ContextPool& cp) {
+    driver_upstream(cp).detach();
+    if (tracing()) {
+      trace::Record r;
+      r.t_ns = now_ns();
+      r.kind = trace::EventKind::context_reset;
+      r.api = api;
+      r.device = static_cast<std::int16_t>(cp.device);
+      r.tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
+      emit(r);
+    }
+  };
 }
 }  // namespace
 
-void drop_context(CUcontext ctx, const char* api) {
-  std::lock_guard lock(g_pools_mutex);
-  const int n = g_slot_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i)
-    if (g_slot_ctx[i].load() == ctx) drop_slot(i, api);
-}
+void drop_context(CUcontext ctx, const char* api) { g_memory->drop(key_of(ctx), dropping(api)); }
 
 void drop_primary_context(int device, const char* api) {
-  std::lock_guard lock(g_pools_mutex);
-  const int n = g_slot_count.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i) {
-    CUcontext c = g_slot_ctx[i].load();
-    if (c != kDroppedContext && g_slot_pool[i]->device == device && g_slot_pool[i]->primary == c)
-      drop_slot(i, api);
-  }
-}
-
-void external_add(std::uint64_t key, std::uint64_t bytes, ContextPool* owner) {
-  std::lock_guard lock(g_external_mutex);
-  (*g_external)[key] = ExternalAllocation{bytes, owner};
-}
-
-bool external_remove(std::uint64_t key, std::uint64_t* bytes, ContextPool** owner) {
-  std::lock_guard lock(g_external_mutex);
-  auto it = g_external->find(key);
-  if (it == g_external->end()) return false;
-  *bytes = it->second.bytes;
-  *owner = it->second.owner;
-  g_external->erase(it);
-  return true;
+  g_memory->drop_if([device](const ContextPool& cp) { return cp.device == device && cp.primary == cp.ctx; },
+                    dropping(api));
 }
 
 }  // namespace cupool::shim

@@ -1,5 +1,5 @@
-// Process-wide state of the shim: configuration, trace writer, one pool per device context, and
-// the allocations that were passed through to the driver. Hooks reach it only through here.
+// Process-wide state of the shim: configuration, trace writer, and the process's memory (one
+// ProcessMemory, policy/process_memory.h). Hooks reach it only through here.
 #pragma once
 
 #include <cstdint>
@@ -7,12 +7,8 @@
 #include "config.h"
 #include "cuda_api.h"
 #include "driver_upstream.h"
+#include "process_memory.h"
 #include "trace_schema.h"
-
-namespace cupool {
-class DevicePool;
-class TraceWriter;
-}  // namespace cupool
 
 namespace cupool::shim {
 
@@ -44,13 +40,12 @@ bool tracing();
 std::uint64_t now_ns();
 void emit(const trace::Record& record);
 
-struct ContextPool {
-  CUcontext ctx = nullptr;
-  int device = -1;
-  CUcontext primary = nullptr;  // the device's primary context, to recognise its reset
-  DriverUpstream* upstream = nullptr;
-  DevicePool* pool = nullptr;
-};
+// The memory of one context (policy/process_memory.h). Its upstream is the shim's DriverUpstream.
+using ContextPool = ContextMemory;
+inline DriverUpstream& driver_upstream(const ContextPool& cp) { return *static_cast<DriverUpstream*>(cp.upstream); }
+
+// The process's memory: every pool, the memory outside them, the cap, the VMM cache.
+ProcessMemory& process_memory();
 
 // The pool of the context current on this thread; nullptr with *rc set when there is none.
 ContextPool* current_pool(CUresult* rc);
@@ -63,16 +58,5 @@ void drop_context(CUcontext ctx, const char* api);
 // Waits for all work of every context that has a pool (once, when streams first overlap).
 void synchronize_all_pools();
 void drop_primary_context(int device, const char* api);
-
-// The VMM mapping cache (hooks_alloc.cpp): a context went away, forget its mappings without
-// driver calls; a fork child starts with an empty cache.
-void vmm_drop_context(ContextPool* cp);
-void vmm_after_fork_child();
-
-// Memory the process holds outside the pools (passthrough, managed, stream-ordered, VMM):
-// counted against the cap, remembered so that its free can be sized and uncharged.
-void external_add(std::uint64_t key, std::uint64_t bytes, ContextPool* owner);
-// Returns the bytes and owner of a known external allocation, forgetting it.
-bool external_remove(std::uint64_t key, std::uint64_t* bytes, ContextPool** owner);
 
 }  // namespace cupool::shim

@@ -37,9 +37,10 @@ struct FakeDriver : VmmDriver {
     calls.push_back("unmap");
     REQUIRE(mapped.erase(va) == 1);
   }
-  void release(std::uint64_t handle) override {
+  bool release(std::uint64_t handle) override {
     calls.push_back("release");
     REQUIRE(handles.erase(handle) == 1);
+    return true;
   }
   void address_free(std::uint64_t va, std::uint64_t) override {
     calls.push_back("address_free");

@@ -1,0 +1,221 @@
+#include "process_memory.h"
+
+#include <algorithm>
+#include <iterator>
+#include <string>
+
+#include "log.h"
+#include "units.h"
+
+namespace cupool {
+
+ProcessMemory::ProcessMemory(const Config& cfg, EventSink* sink, VmmDriver* vmm) : cfg_(cfg), sink_(sink) {
+  for (auto& s : slot_ctx_) s.store(0, std::memory_order_relaxed);
+  if (vmm) vmm_driver_ = std::make_unique<ChargingVmm>(*this, *vmm);
+}
+
+ProcessMemory::~ProcessMemory() {
+  // Pools give their chunks back to their upstreams (replay, tests); the shim never destroys it.
+  for (auto& r : records_) r->pool.reset();
+  delete vmm_cache_.load();
+}
+
+// ---- contexts --------------------------------------------------------------------------------
+
+ContextMemory* ProcessMemory::find(std::uint64_t ctx) const {
+  const int n = slot_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (slot_ctx_[i].load(std::memory_order_acquire) == ctx) return slot_[i];
+  return nullptr;
+}
+
+bool ProcessMemory::device_known(int device) const {
+  const int n = slot_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (slot_ctx_[i].load(std::memory_order_acquire) != kDropped && slot_[i] && slot_[i]->device == device)
+      return true;
+  return false;
+}
+
+ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function<bool(ContextMemory&)>& describe) {
+  if (ContextMemory* c = find(ctx)) return c;
+  std::lock_guard lock(contexts_mutex_);
+  if (ContextMemory* c = find(ctx)) return c;
+  const int n = slot_count_.load(std::memory_order_acquire);
+  int slot = -1;
+  for (int i = 0; i < n && slot < 0; ++i)
+    if (slot_ctx_[i].load() == kDropped) slot = i;
+  if (slot < 0 && n == kMaxContexts) {
+    log_error("more than 64 CUDA contexts in one process; allocations in the others go to the driver");
+    return nullptr;
+  }
+  auto record = std::make_unique<ContextMemory>();
+  record->ctx = ctx;
+  if (!describe(*record) || record->upstream == nullptr) return nullptr;
+  record->pool = std::make_unique<DevicePool>(cfg_, record->device, *record->upstream, sink_);
+  ContextMemory* c = record.get();
+  records_.push_back(std::move(record));
+  if (slot < 0) slot = n;
+  slot_[slot] = c;
+  slot_ctx_[slot].store(ctx, std::memory_order_release);
+  if (slot == n) slot_count_.store(n + 1, std::memory_order_release);
+  return c;
+}
+
+ContextMemory* ProcessMemory::owning(std::uint64_t ptr) const {
+  const int n = slot_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (slot_ctx_[i].load(std::memory_order_acquire) != kDropped && slot_[i]->pool->owns(ptr)) return slot_[i];
+  return nullptr;
+}
+
+void ProcessMemory::for_each(const std::function<void(ContextMemory&)>& fn) const {
+  const int n = slot_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (slot_ctx_[i].load(std::memory_order_acquire) != kDropped && slot_[i]) fn(*slot_[i]);
+}
+
+void ProcessMemory::drop_slot_locked(int i, const std::function<void(ContextMemory&)>& before) {
+  ContextMemory* c = slot_[i];
+  slot_ctx_[i].store(kDropped, std::memory_order_release);
+  if (before) before(*c);
+  c->pool->abandon();
+  if (VmmCache* cache = vmm_cache_.load(std::memory_order_acquire)) cache->abandon(c->upstream);
+  std::lock_guard lock(outside_mutex_);
+  for (auto it = outside_.begin(); it != outside_.end();)
+    it = it->second.owner == c ? outside_.erase(it) : std::next(it);
+}
+
+void ProcessMemory::drop(std::uint64_t ctx, const std::function<void(ContextMemory&)>& before) {
+  drop_if([ctx](const ContextMemory& c) { return c.ctx == ctx; }, before);
+}
+
+void ProcessMemory::drop_if(const std::function<bool(const ContextMemory&)>& which,
+                            const std::function<void(ContextMemory&)>& before) {
+  std::lock_guard lock(contexts_mutex_);
+  const int n = slot_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (slot_ctx_[i].load() != kDropped && slot_[i] && which(*slot_[i])) drop_slot_locked(i, before);
+}
+
+// ---- allocation ------------------------------------------------------------------------------
+
+AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, trace::PoolState* state) {
+  AllocResult r = c.pool->allocate(size, state);
+  if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state);  // kept VMM mappings first
+  if (r.ptr == 0) warn_oom(c, api, size, r.oom == trace::OomClass::none ? trace::OomClass::device : r.oom);
+  return r;
+}
+
+void ProcessMemory::remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner) {
+  std::lock_guard lock(outside_mutex_);
+  outside_[key] = Outside{bytes, owner};
+}
+
+bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, ContextMemory** owner) {
+  Outside o{};
+  {
+    std::lock_guard lock(outside_mutex_);
+    auto it = outside_.find(key);
+    if (it == outside_.end()) return false;
+    o = it->second;
+    outside_.erase(it);
+  }
+  if (o.owner) o.owner->pool->uncharge_external(o.bytes);
+  if (bytes) *bytes = o.bytes;
+  if (owner) *owner = o.owner;
+  return true;
+}
+
+bool ProcessMemory::mem_info(ContextMemory* c, std::size_t* free, std::size_t* total) const {
+  if (c == nullptr || free == nullptr || total == nullptr) return false;
+  if (!pooled() && !cfg_.limit.for_device(c->device)) return false;  // pure passthrough
+  c->pool->mem_info(free, total);
+  *free = std::min<std::uint64_t>(*total, *free + vmm_free_bytes(c));  // kept VMM mappings are free to it
+  return true;
+}
+
+// ---- the VMM mapping cache -------------------------------------------------------------------
+
+VmmCache* ProcessMemory::vmm_cache() {
+  if (!pooled() || !cfg_.vmm_cache || !vmm_driver_) return nullptr;
+  VmmCache* c = vmm_cache_.load(std::memory_order_acquire);
+  if (c) return c;
+  auto* fresh = new VmmCache(*vmm_driver_, cfg_.free_mode);
+  if (vmm_cache_.compare_exchange_strong(c, fresh, std::memory_order_acq_rel)) return fresh;
+  delete fresh;
+  return c;
+}
+
+std::uint64_t ProcessMemory::vmm_evict(ContextMemory* c) {
+  VmmCache* cache = c ? vmm_cache_.load(std::memory_order_acquire) : nullptr;
+  return cache ? cache->evict_free(c->upstream) : 0;
+}
+
+std::uint64_t ProcessMemory::vmm_free_bytes(ContextMemory* c) const {
+  VmmCache* cache = c ? vmm_cache_.load(std::memory_order_acquire) : nullptr;
+  return cache ? cache->free_bytes(c->upstream) : 0;
+}
+
+// ---- fork ------------------------------------------------------------------------------------
+
+void ProcessMemory::prepare_fork() {
+  contexts_mutex_.lock();
+  outside_mutex_.lock();
+}
+
+void ProcessMemory::parent_after_fork() {
+  outside_mutex_.unlock();
+  contexts_mutex_.unlock();
+}
+
+void ProcessMemory::child_after_fork(const std::function<void(ContextMemory&)>& before) {
+  DevicePool::after_fork_in_child();
+  const int n = slot_count_.load();
+  for (int i = 0; i < n; ++i) {
+    if (slot_ctx_[i].load() == kDropped || !slot_[i]) continue;
+    if (before) before(*slot_[i]);
+    slot_[i]->pool->abandon_after_fork();
+    slot_ctx_[i].store(kDropped);
+  }
+  // The parent's mappings are not the child's; the cache's lock may have been held at the fork.
+  // The old cache is leaked, not destroyed, for that reason.
+  if (vmm_cache_.load(std::memory_order_acquire))
+    vmm_cache_.store(new VmmCache(*vmm_driver_, cfg_.free_mode), std::memory_order_release);
+  outside_.clear();
+  outside_mutex_.unlock();
+  contexts_mutex_.unlock();
+}
+
+// ---- out of memory ---------------------------------------------------------------------------
+
+std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api, std::uint64_t size,
+                                        trace::OomClass oom) {
+  const trace::PoolState s = c.pool->state();
+  std::size_t free = 0, total = 0;
+  c.pool->mem_info(&free, &total);
+  std::string why;
+  switch (oom) {
+    case trace::OomClass::limit:
+      why = "limit: the cap of " + human_bytes(total) + " would be exceeded";
+      break;
+    case trace::OomClass::fragmentation:
+      why = "fragmentation: the pool holds " + human_bytes(s.reserved - s.in_use) +
+            " free but its largest free block is " + human_bytes(s.largest_free);
+      break;
+    case trace::OomClass::device:
+      why = "device: the driver itself is out of memory";
+      break;
+    default:
+      why = "unclassified";
+  }
+  return std::string("out of memory on device ") + std::to_string(c.device) + ": " + api + " of " +
+         human_bytes(size) + " refused (" + why + "); reserved " + human_bytes(s.reserved) + ", in use " +
+         human_bytes(s.in_use) + ", " + std::to_string(s.free_blocks) + " free blocks";
+}
+
+void ProcessMemory::warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, trace::OomClass oom) const {
+  log_warn(describe_oom(c, api, size, oom));
+}
+
+}  // namespace cupool

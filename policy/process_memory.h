@@ -1,0 +1,175 @@
+// ProcessMemory: all the device memory of one process, as cupool governs it, with no CUDA in it.
+// The shim translates CUDA calls into calls on one ProcessMemory and its answers back into CUDA
+// codes; `cupool replay` drives the very same object on simulated devices, so that a replay runs
+// what the shim runs, not an imitation of it. It holds:
+// - one DevicePool per device context (growth, preallocate, the cap, free modes);
+// - the table of memory the process holds outside the pools (passthrough, managed,
+//   stream-ordered, virtual memory, arrays), charged against the cap and uncharged at its free;
+// - the VMM mapping cache, and the rule that its kept mappings go back before anything is refused;
+// - the memory-info answer, and the out-of-memory warning.
+// docs/design.md ("Process memory") explains the rules.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "config.h"
+#include "device_pool.h"
+#include "event_sink.h"
+#include "upstream.h"
+#include "vmm_cache.h"
+
+namespace cupool {
+
+// The memory of one device context. Records are never freed while the process runs: a thread may
+// still hold one whose context another thread has just destroyed.
+struct ContextMemory {
+  std::uint64_t ctx = 0;      // the caller's handle for the context (a CUcontext in the shim)
+  std::uint64_t primary = 0;  // the device's primary context, when the caller knows it
+  int device = -1;
+  Upstream* upstream = nullptr;  // owned by the caller
+  std::unique_ptr<DevicePool> pool;
+};
+
+// How an allocation made outside the pools went, in the API's own terms.
+enum class OutsideAnswer : std::uint8_t {
+  ok,
+  out_of_memory,  // the driver is short of memory: kept VMM mappings go back, then it is tried again
+  failed,         // any other refusal
+  refused_by_cap, // cupool refused it (the cap) without calling the driver
+};
+
+class ProcessMemory {
+ public:
+  static constexpr int kMaxContexts = 64;
+
+  // `vmm`: the real calls the VMM cache makes itself (nullptr: no cache). `sink`: where pools
+  // report (nullptr: nowhere).
+  ProcessMemory(const Config& cfg, EventSink* sink, VmmDriver* vmm);
+  ~ProcessMemory();
+  ProcessMemory(const ProcessMemory&) = delete;
+  ProcessMemory& operator=(const ProcessMemory&) = delete;
+
+  const Config& config() const { return cfg_; }
+  bool pooled() const { return cfg_.policy != PolicyKind::passthrough; }
+
+  // ---- contexts
+  // The record of `ctx`, without a lock; nullptr if it has none.
+  ContextMemory* find(std::uint64_t ctx) const;
+  // The record of `ctx`, made if need be: `describe` (called under the contexts' lock, at most
+  // once) fills in device, primary and upstream, and returns false if it cannot. nullptr if it
+  // could not, or the process already has kMaxContexts contexts.
+  ContextMemory* find_or_add(std::uint64_t ctx, const std::function<bool(ContextMemory&)>& describe);
+  bool device_known(int device) const;  // some live context is on it (under find_or_add's lock)
+  // The context whose pool handed out `ptr`.
+  ContextMemory* owning(std::uint64_t ptr) const;
+  void for_each(const std::function<void(ContextMemory&)>& fn) const;  // every live context
+  // A context went away: its pool, its kept mappings and its memory outside the pool are
+  // forgotten, with no upstream call. `before` runs first (the shim stops its driver calls).
+  void drop(std::uint64_t ctx, const std::function<void(ContextMemory&)>& before);
+  void drop_if(const std::function<bool(const ContextMemory&)>& which,
+               const std::function<void(ContextMemory&)>& before);
+
+  // ---- allocation in a pool: on a refusal, kept VMM mappings go back and it is tried once more.
+  // A refusal is warned about (`api` names the call).
+  AllocResult allocate(ContextMemory& c, std::size_t size, const char* api, trace::PoolState* state = nullptr);
+
+  // ---- memory outside the pools. `c` may be nullptr (no context: nothing is charged).
+  // `call` makes the allocation and returns how it went and, on success, the key its free will
+  // name (pointer or handle). Charged against the cap first; a driver short of memory gets the
+  // kept VMM mappings back and one more try.
+  template <typename Call>
+  OutsideAnswer allocate_outside(ContextMemory* c, std::uint64_t bytes, const char* api, Call&& call);
+  // A pointer or handle the driver has freed: if it was counted, it is uncharged. Returns its bytes
+  // and owner (false: not known).
+  bool forget_outside(std::uint64_t key, std::uint64_t* bytes = nullptr, ContextMemory** owner = nullptr);
+  // Memory the driver handed out where no admission could come first (graph memory): counted.
+  void charge_outside(ContextMemory& c, std::uint64_t bytes) { c.pool->charge_external(bytes); }
+
+  // ---- memory info: total is the cap, free what the process could still get. False when the
+  // process is not governed (pure passthrough with no cap): the driver's answer stands.
+  bool mem_info(ContextMemory* c, std::size_t* free, std::size_t* total) const;
+
+  // ---- the VMM mapping cache (nullptr when off: passthrough, CUPOOL_VMM_CACHE=off, no driver)
+  VmmCache* vmm_cache();
+  std::uint64_t vmm_evict(ContextMemory* c);  // the context's free mappings go back; bytes
+  std::uint64_t vmm_free_bytes(ContextMemory* c) const;
+
+  // ---- fork: the child has no CUDA (contexts, mappings, driver memory are the parent's).
+  void prepare_fork();
+  void parent_after_fork();
+  void child_after_fork(const std::function<void(ContextMemory&)>& before);
+
+  // What an out-of-memory of `api` for `size` on `c` was, in words (the warning's text).
+  static std::string describe_oom(const ContextMemory& c, const char* api, std::uint64_t size, trace::OomClass oom);
+
+ private:
+  struct Outside {
+    std::uint64_t bytes;
+    ContextMemory* owner;
+  };
+  // The VmmDriver the cache calls: the caller's, and a released handle is uncharged.
+  class ChargingVmm final : public VmmDriver {
+   public:
+    ChargingVmm(ProcessMemory& pm, VmmDriver& real) : pm_(pm), real_(real) {}
+    void unmap(std::uint64_t va, std::uint64_t size) override { real_.unmap(va, size); }
+    bool release(std::uint64_t handle) override {
+      if (!real_.release(handle)) return false;
+      pm_.forget_outside(handle);
+      return true;
+    }
+    void address_free(std::uint64_t va, std::uint64_t size) override { real_.address_free(va, size); }
+
+   private:
+    ProcessMemory& pm_;
+    VmmDriver& real_;
+  };
+
+  void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, trace::OomClass oom) const;
+  void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner);
+  void drop_slot_locked(int i, const std::function<void(ContextMemory&)>& before);
+
+  const Config cfg_;
+  EventSink* const sink_;
+  std::unique_ptr<ChargingVmm> vmm_driver_;
+  std::atomic<VmmCache*> vmm_cache_{nullptr};
+
+  // One slot per context that ever allocated; read without a lock on the hot path. A dropped
+  // slot holds kDropped and may be reused; its record stays allocated.
+  static constexpr std::uint64_t kDropped = ~std::uint64_t{0};
+  std::atomic<std::uint64_t> slot_ctx_[kMaxContexts];
+  ContextMemory* slot_[kMaxContexts] = {};
+  std::atomic<int> slot_count_{0};
+  std::mutex contexts_mutex_;  // making and dropping records only
+  std::vector<std::unique_ptr<ContextMemory>> records_;
+
+  mutable std::mutex outside_mutex_;
+  std::unordered_map<std::uint64_t, Outside> outside_;
+};
+
+template <typename Call>
+OutsideAnswer ProcessMemory::allocate_outside(ContextMemory* c, std::uint64_t bytes, const char* api, Call&& call) {
+  // Free mappings the cache keeps are charged: past the cap, they go back first (before the
+  // charge, whose refusal is an oom event of its own).
+  if (c && vmm_free_bytes(c) > 0 && !c->pool->has_room(bytes)) vmm_evict(c);
+  if (c && !c->pool->try_charge_external(bytes)) {
+    warn_oom(*c, api, bytes, trace::OomClass::limit);
+    return OutsideAnswer::refused_by_cap;
+  }
+  std::uint64_t key = 0;
+  OutsideAnswer answer = call(&key);
+  if (answer == OutsideAnswer::out_of_memory && vmm_evict(c) > 0) answer = call(&key);  // the same, with room
+  if (answer == OutsideAnswer::ok) {
+    remember_outside(key, bytes, c);
+  } else if (c) {
+    c->pool->uncharge_external(bytes);
+  }
+  return answer;
+}
+
+}  // namespace cupool
