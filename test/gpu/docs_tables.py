@@ -5,13 +5,20 @@ docs honest: a table between <!-- gpu:NAME:begin --> and <!-- gpu:NAME:end --> m
 script makes of its results file, and every measured number written outside a table (a time, a
 size, a ratio, a percentage) must appear in a table of the same page.
 
-  docs_tables.py ROOT            rewrite the tables in place
+docs/design.md has no tables: its measurements give the reasons for decisions, many from earlier
+sessions' raw files. Every number there with a unit of time or size, a ratio or a percentage (both
+ends of a range) must be one of a few design constants (DESIGN_CONSTANTS), or appear, as a number,
+in a raw file that its own paragraph names (`docs/gpu-runs/FILE`; a size may appear there as its
+exact count of bytes). Numbers are compared as values: "29.0" matches "29", "2 528" matches "2528".
+
+  docs_tables.py ROOT            rewrite the tables in place (and check docs/design.md)
   docs_tables.py ROOT --check    exit 1 if a table or a number is not what the results say
 """
 import json
 import os
 import re
 import sys
+from decimal import Decimal
 
 from results import exact_result, last_json  # test/gpu/results.py
 
@@ -211,8 +218,79 @@ for page in PAGES:
     if not CHECK and new != text:
         open(path, "w").write(new)
 
+# ---- docs/design.md ------------------------------------------------------------------------------
+
+DESIGN = "docs/design.md"
+# Sizes and intervals that the code or a test sets, which design.md states as such: not measurements.
+DESIGN_CONSTANTS = {
+    "2 MiB",     # chunk granularity (growth, preallocate, SimUpstream)
+    "1 MiB",     # thread-cache bins: largest block; the pool benchmark's largest random size
+    "16 MiB",    # thread-cache bins: bytes per thread
+    "64 MiB",    # a fence batch's bytes; the bench's large block; the bins tried; the probe's graph node
+    "256 MiB",   # the quarantine bound's floor; the bins tried per thread; prog_arrays' arrays
+    "1 GiB",     # prog_arrays' cap
+    "256 GiB",   # the largest chunk an IPC handle's spare bytes can describe
+    "1 ms",      # the sealing interval
+    "100 ms",    # the capture probe's kernel
+    "16 times",  # a sampled timing's weight (one call in 16 timed)
+}
+# A measured-looking number: a value, or a range of two (both ends are checked), with a unit of
+# time or size, a percentage, or a ratio ("7x"; not "8192 x 8192"). Thousands may be separated.
+DESIGN_NUMBER = re.compile(
+    r"(?<![\w.])(\d{1,3}(?:[ ,\u202f]\d{3})+(?![\d.])|\d+(?:\.\d+)?)"
+    r"(?:\s?(?:-|\u2013|to)\s?(\d+(?:\.\d+)?))?"
+    r"\s?(ms|us|[\u00b5\u03bc]s|ns|s\b|MiB|GiB|KiB|MB|GB|%|x\b(?!\s?\d)|times\b)")
+BYTES = {"KiB": 2 ** 10, "MiB": 2 ** 20, "GiB": 2 ** 30}
+
+
+def numbers_in(text):
+    """Every number written in a raw file, as a value (so 29.0 and 29 are one number)."""
+    return {Decimal(t) for t in re.findall(r"\d+(?:\.\d+)?", text)}
+
+
+def blank(m):
+    return re.sub(r"[^\n]", " ", m.group(0))
+
+
+def check_design():
+    """Each measured number of docs/design.md is a design constant or in a raw file its paragraph names."""
+    text = open(os.path.join(ROOT, DESIGN)).read()
+    # Code holds names, options and commands, not measurements (blanked, so line numbers stay).
+    text = re.sub(r"```.*?```", blank, text, flags=re.S)
+    out = []
+    line = 1
+    parts = re.split(r"(\n[ \t]*\n)", text)  # paragraphs at even places, the blank lines between at odd
+    for i, para in enumerate(parts):
+        if i % 2 == 0:
+            cited = sorted({f for f in re.findall(r"docs/gpu-runs/([\w.-]*\w)", para)
+                            if f != "README.md" and os.path.isfile(os.path.join(RUNS, f))})
+            known = set()
+            for f in cited:
+                known |= numbers_in(open(os.path.join(RUNS, f), errors="replace").read())
+            prose = re.sub(r"`[^`]*`", blank, para)
+            for m in DESIGN_NUMBER.finditer(prose):
+                unit = m.group(3)
+                if f"{m.group(1)} {unit}" in DESIGN_CONSTANTS and not m.group(2):
+                    continue
+                for value in filter(None, (m.group(1), m.group(2))):
+                    v = Decimal(re.sub(r"[ ,\u202f]", "", value))
+                    if v in known or (unit in BYTES and v * BYTES[unit] in known):
+                        continue
+                    where = line + prose[:m.start()].count("\n")
+                    out.append(f"{DESIGN}:{where}: '{' '.join(m.group(0).split())}' ({value}) is not a design constant "
+                               f"(DESIGN_CONSTANTS) and is in no raw file its paragraph names "
+                               f"({', '.join('docs/gpu-runs/' + f for f in cited) or 'none'}); quote the "
+                               f"number as a file in docs/gpu-runs/ writes it and name that file in the paragraph, "
+                               f"or describe it without a number")
+        line += para.count("\n")
+    return out
+
+
+errors += check_design()
+
 for e in errors:
     print("FAIL:", e)
 if errors:
     sys.exit(1)
-print(f"ok: the measurement tables of {', '.join(PAGES)} are what docs/gpu-runs says, and so are their numbers")
+print(f"ok: the measurement tables of {', '.join(PAGES)} are what docs/gpu-runs says, and so are their numbers; "
+      f"every measured number of {DESIGN} is a design constant or in a raw file its paragraph names")
