@@ -22,6 +22,7 @@ struct SizeSpec {
   std::uint64_t bytes = 0;
   double percent = 0;  // > 0 means "percent of the device's total"
   bool is_percent() const { return percent > 0; }
+  bool operator==(const SizeSpec&) const = default;
   std::uint64_t resolve(std::uint64_t device_total) const {
     return is_percent() ? static_cast<std::uint64_t>(static_cast<double>(device_total) * percent / 100.0)
                         : bytes;
@@ -37,6 +38,7 @@ struct LimitSpec {
       if (d == device) return s;
     return all;
   }
+  bool operator==(const LimitSpec&) const = default;
 };
 
 struct Config {
@@ -54,6 +56,7 @@ struct Config {
   std::uint64_t trace_flush_ns = 100'000'000;        // the writer flushes at least this often
   std::uint32_t trace_buffer_events = 16384;         // per-thread buffer, in events
   std::string log_level = "info";
+  bool operator==(const Config&) const = default;
 };
 
 }  // namespace cupool

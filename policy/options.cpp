@@ -372,6 +372,23 @@ constexpr std::string_view kFreeNames[] = {"sync", "deferred"};
 
 }  // namespace
 
+std::string_view policy_name(PolicyKind p) { return kPolicyNames[static_cast<int>(p)]; }
+std::string_view free_mode_name(FreeMode m) { return kFreeNames[static_cast<int>(m)]; }
+std::optional<PolicyKind> policy_named(std::string_view name) {
+  for (int i = 0; i < 3; ++i)
+    if (kPolicyNames[i] == name) return static_cast<PolicyKind>(i);
+  return std::nullopt;
+}
+std::optional<FreeMode> free_mode_named(std::string_view name) {
+  for (int i = 0; i < 2; ++i)
+    if (kFreeNames[i] == name) return static_cast<FreeMode>(i);
+  return std::nullopt;
+}
+
+namespace {
+
+}  // namespace
+
 // clang-format off
 const std::array<OptionInfo, kOptionCount> kOptions = {{
   {"CUPOOL_POLICY", "enum", "growth", "growth, preallocate, passthrough",

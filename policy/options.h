@@ -69,7 +69,14 @@ std::string describe(const Config& config);
 
 // The effective configuration as a JSON object (text), for the trace header. Sizes are bytes;
 // a percent is {"percent":50}; durations are nanoseconds; "never"/"none" are null.
+// The trace reader decodes it (decode_config, policy/trace_reader.h); a unit test round-trips it.
 std::string config_json(const Config& config);
+
+// The names config_json writes, and back.
+std::string_view policy_name(PolicyKind policy);
+std::string_view free_mode_name(FreeMode mode);
+std::optional<PolicyKind> policy_named(std::string_view name);
+std::optional<FreeMode> free_mode_named(std::string_view name);
 
 // CUPOOL_TRACE: "%p" becomes the pid, "%%" a single '%'; anything else is kept.
 std::string expand_trace_path(const std::string& pattern, pid_t pid);

@@ -4,7 +4,9 @@
 #include <iterator>
 #include <string>
 
+#include "event_clock.h"
 #include "log.h"
+#include "thread_id.h"
 #include "units.h"
 
 namespace cupool {
@@ -125,6 +127,21 @@ bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, Cont
   if (bytes) *bytes = o.bytes;
   if (owner) *owner = o.owner;
   return true;
+}
+
+void ProcessMemory::given_back(std::uint64_t handle) {
+  std::uint64_t bytes = 0;
+  ContextMemory* owner = nullptr;
+  if (!forget_outside(handle, &bytes, &owner) || sink_ == nullptr) return;
+  trace::Record r;
+  r.t_ns = EventClock::now();
+  r.kind = trace::EventKind::vmm_release;
+  r.api = "cupool";
+  r.size = bytes;
+  r.ptr = handle;
+  r.tid = current_thread_id();
+  r.device = static_cast<std::int16_t>(owner ? owner->device : -1);
+  sink_->record(r);
 }
 
 bool ProcessMemory::mem_info(ContextMemory* c, std::size_t* free, std::size_t* total) const {

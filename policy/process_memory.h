@@ -120,7 +120,7 @@ class ProcessMemory {
     void unmap(std::uint64_t va, std::uint64_t size) override { real_.unmap(va, size); }
     bool release(std::uint64_t handle) override {
       if (!real_.release(handle)) return false;
-      pm_.forget_outside(handle);
+      pm_.given_back(handle);
       return true;
     }
     void address_free(std::uint64_t va, std::uint64_t size) override { real_.address_free(va, size); }
@@ -132,6 +132,9 @@ class ProcessMemory {
 
   void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, trace::OomClass oom) const;
   void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner);
+  // The VMM cache gave a kept mapping's handle back to the driver: uncharged, and a `vmm_release`
+  // event of cupool's own says so (reports count kept mappings as reserved until then).
+  void given_back(std::uint64_t handle);
   void drop_slot_locked(int i, const std::function<void(ContextMemory&)>& before);
 
   const Config cfg_;

@@ -14,6 +14,8 @@
 #include <charconv>
 #include <cstring>
 
+#include "options.h"
+
 namespace cupool {
 namespace {
 
@@ -55,7 +57,7 @@ constexpr auto kStringStop = [] {
 
 enum class Key : std::uint8_t {
   unknown, type, t, tid, ev, api, path, dev, size, ptr, stream, rc, dur, oom, reserved, in_use, largest_free,
-  quarantined, free_blocks, flags, cached, timed_for
+  quarantined, free_blocks, flags, cached, timed_for, recycled
 };
 
 // The key names, checked against the schema so the two cannot drift apart.
@@ -64,7 +66,7 @@ static_assert(tk::t == "t" && tk::ev == "ev" && tk::rc == "rc" && tk::tid == "ti
               tk::type == "type" && tk::path == "path" && tk::size == "size" && tk::stream == "stream" &&
               tk::in_use == "in_use" && tk::reserved == "reserved" && tk::free_blocks == "free_blocks" &&
               tk::quarantined == "quarantined" && tk::largest_free == "largest_free" && tk::flags == "flags" &&
-              tk::cached == "cached" && tk::timed_for == "timed_for");
+              tk::cached == "cached" && tk::timed_for == "timed_for" && tk::recycled == "recycled");
 
 // One fixed-size comparison per key instead of a chain of them. k.size() is N - 1 here.
 template <std::size_t N>
@@ -100,7 +102,7 @@ Key key_of(std::string_view k) {
         case 'c': return key_if(k, "cached", Key::cached);
       }
       return Key::unknown;
-    case 8: return key_if(k, "reserved", Key::reserved);
+    case 8: return k[2] == 's' ? key_if(k, "reserved", Key::reserved) : key_if(k, "recycled", Key::recycled);
     case 9: return key_if(k, "timed_for", Key::timed_for);
     case 11: return k[0] == 'f' ? key_if(k, "free_blocks", Key::free_blocks) : key_if(k, "quarantined", Key::quarantined);
     case 12: return key_if(k, "largest_free", Key::largest_free);
@@ -320,6 +322,18 @@ class Scanner {
     if (tok.empty() || ec != std::errc() || q != tok.data() + tok.size())
       return set_error(fmt::format("not a JSON value at column {}", column()));
     return true;
+  }
+
+  bool boolean(bool& v) {
+    for (const bool candidate : {true, false}) {
+      const std::string_view lit = candidate ? "true" : "false";
+      if (static_cast<std::size_t>(end_ - p_) >= lit.size() && std::string_view(p_, lit.size()) == lit) {
+        p_ += lit.size();
+        v = candidate;
+        return true;
+      }
+    }
+    return set_error(fmt::format("not true or false at column {}", column()));
   }
 
  private:
@@ -852,8 +866,9 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
   out.has_stream = false;
   out.stream = 0;
   out.has_flags = false;
+  out.recycled = false;
   out.flags = 0;
-  out.oom = trace::OomClass::none;
+  out.oom_class = trace::OomClass::none;
   out.pool = trace::PoolState{};
   out.dur_ns = 0;
   std::uint64_t timed_for = 1;
@@ -949,6 +964,9 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
         if (!s.address(out.stream)) bad(key, "a handle \"0x...\"");
         out.has_stream = true;
         break;
+      case Key::recycled:
+        if (!s.boolean(out.recycled)) bad(key, "true or false");
+        break;
       case Key::flags:
         u64(key, u);
         if (u > UINT32_MAX) bad(key, "stream flags (32 bits)");
@@ -969,7 +987,7 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
         if (timed_for == 0 || timed_for > UINT32_MAX) bad(key, "a call count from 1 (32 bits)");
         break;
       case Key::oom:
-        name(key, out.oom, trace::kOomClassNames);
+        name(key, out.oom_class, trace::kOomClassNames);
         break;
       case Key::reserved:
         u64(key, out.pool.reserved);
@@ -1026,6 +1044,93 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
   out.timed_for = seen & f_dur ? static_cast<std::uint32_t>(timed_for) : 0;
   out.has_pool = has_pool;
   return !unknown_kind;
+}
+
+// ---- the recorded configuration -----------------------------------------------------------
+
+std::optional<Config> decode_config(const nlohmann::json& j, std::string* why) {
+  auto fail = [&](const std::string& what) -> std::optional<Config> {
+    if (why) *why = "configuration: " + what;
+    return std::nullopt;
+  };
+  if (!j.is_object()) return fail("not an object");
+  auto size = [](const nlohmann::json& v, SizeSpec* out) {
+    if (!v.is_object()) return false;
+    if (auto b = v.find("bytes"); b != v.end() && b->is_number_unsigned()) {
+      *out = SizeSpec{b->get<std::uint64_t>(), 0};
+      return true;
+    }
+    if (auto p = v.find("percent"); p != v.end() && p->is_number() && p->get<double>() > 0) {
+      *out = SizeSpec{0, p->get<double>()};
+      return true;
+    }
+    return false;
+  };
+  auto u64 = [&](const char* key, std::uint64_t* out) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_unsigned()) return false;
+    *out = it->get<std::uint64_t>();
+    return true;
+  };
+  auto boolean = [&](const char* key, bool* out) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_boolean()) return false;
+    *out = it->get<bool>();
+    return true;
+  };
+  auto text = [&](const char* key, std::string* out) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_string()) return false;
+    *out = it->get<std::string>();
+    return true;
+  };
+  Config c;
+  std::string name;
+  if (!text("policy", &name)) return fail("no \"policy\"");
+  if (auto p = policy_named(name)) c.policy = *p;
+  else return fail("unknown policy \"" + name + "\"");
+  if (!text("free", &name)) return fail("no \"free\"");
+  if (auto m = free_mode_named(name)) c.free_mode = *m;
+  else return fail("unknown free mode \"" + name + "\"");
+  const auto limit = j.find("limit");
+  if (limit == j.end()) return fail("no \"limit\"");
+  if (limit->is_object()) {
+    if (auto all = limit->find("all"); all != limit->end() && !all->is_null()) {
+      SizeSpec s;
+      if (!size(*all, &s)) return fail("\"limit\": bad \"all\"");
+      c.limit.all = s;
+    }
+    if (auto devices = limit->find("devices"); devices != limit->end()) {
+      if (!devices->is_object()) return fail("\"limit\": bad \"devices\"");
+      for (const auto& [key, value] : devices->items()) {
+        SizeSpec s;
+        int device = -1;
+        const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), device);
+        if (ec != std::errc() || end != key.data() + key.size() || !size(value, &s))
+          return fail("\"limit\": bad device \"" + key + "\"");
+        c.limit.per_device.emplace_back(device, s);
+      }
+    }
+  } else if (!limit->is_null()) {
+    return fail("bad \"limit\"");
+  }
+  if (auto p = j.find("preallocate"); p == j.end() || !size(*p, &c.preallocate)) return fail("bad \"preallocate\"");
+  if (!boolean("preallocate_grow", &c.preallocate_grow)) return fail("bad \"preallocate_grow\"");
+  if (!u64("growth_chunk", &c.growth_chunk) || !u64("growth_chunk_max", &c.growth_chunk_max))
+    return fail("bad \"growth_chunk\" or \"growth_chunk_max\"");
+  if (auto r = j.find("release_idle_ns"); r != j.end() && r->is_number_unsigned()) {
+    c.release_idle_ns = r->get<std::uint64_t>();
+  } else if (r == j.end() || !r->is_null()) {
+    return fail("bad \"release_idle_ns\"");
+  }
+  // Keys added after format 2.0: absent in older traces, which had these defaults' behaviour.
+  if (j.contains("thread_cache") && !boolean("thread_cache", &c.thread_cache)) return fail("bad \"thread_cache\"");
+  if (j.contains("vmm_cache") && !boolean("vmm_cache", &c.vmm_cache)) return fail("bad \"vmm_cache\"");
+  text("trace", &c.trace_path);
+  u64("trace_flush_ns", &c.trace_flush_ns);
+  if (std::uint64_t events = 0; u64("trace_buffer_events", &events)) c.trace_buffer_events = static_cast<std::uint32_t>(events);
+  text("log_level", &c.log_level);
+  return c;
 }
 
 }  // namespace cupool

@@ -19,6 +19,7 @@
 #include <string_view>
 #include <vector>
 
+#include "config.h"
 #include "trace_schema.h"
 
 namespace cupool {
@@ -39,21 +40,14 @@ struct Header {
   nlohmann::json config;
 };
 
-struct Event {
-  trace::EventKind kind = trace::EventKind::alloc;
+// The configuration a trace's header records (written by config_json, policy/options.h), decoded
+// back. Nothing, with `why`, when a key is missing or malformed (a trace of another version).
+std::optional<Config> decode_config(const nlohmann::json& config, std::string* why = nullptr);
+
+// One event line as read: the values the writer wrote (trace::EventValues, the one definition),
+// and the API name as text.
+struct Event : trace::EventValues {
   std::string api;
-  trace::Path path = trace::Path::none;
-  int device = -1;
-  std::uint64_t t_ns = 0, dur_ns = 0, size = 0, ptr = 0, stream = 0;
-  std::uint32_t timed_for = 1;  // how many calls dur_ns stands for; 0: not timed (no `dur`)
-  bool has_stream = false;
-  std::uint32_t flags = 0;  // stream events
-  bool has_flags = false;
-  int rc = 0;
-  std::uint32_t tid = 0;
-  trace::OomClass oom = trace::OomClass::none;
-  bool has_pool = false;
-  trace::PoolState pool{};
 };
 
 struct DeviceInfo {

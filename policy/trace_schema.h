@@ -11,8 +11,10 @@ namespace cupool::trace {
 // A reader accepts any minor version of its major version and refuses a newer major.
 // 2.0: `dur` left out of calls that were not timed, and `timed_for` (docs/trace-format.md).
 // 2.1: `graph_mem` events; arrays are `alloc`/`free` events (their handle in `ptr`).
+// 2.2: `vmm_release` of cupool's own (`api` "cupool"): the VMM mapping cache gave a kept mapping
+//      back to the driver. A mapping kept (a `recycled` release) stays reserved until then.
 inline constexpr int kFormatMajor = 2;
-inline constexpr int kFormatMinor = 1;
+inline constexpr int kFormatMinor = 2;
 inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
 inline constexpr int kLastMinorOfMajor1 = 1;  // 1.1: the last 1.x
 // A call that a thread's cache serves is timed with probability 1/kCacheTimingSample. Timing it
@@ -93,20 +95,24 @@ struct PoolState {
   // traced threads 7x slower on the H200 host.
   std::int64_t cache_delta = 0;
   std::uint64_t pool = 0;  // which pool (unique in the process): the writer derives per pool; not written
+  bool operator==(const PoolState&) const = default;
 };
 
-// One event as the hot path records it: plain data, no heap, formatted later by the writer.
-struct Record {
-  std::uint64_t t_ns = 0;      // CLOCK_MONOTONIC (an EventClock stamp where `stamped`)
+// The values of one event line: one definition for the writer's Record and the reader's Event,
+// so that every field written is a field read (a test round-trips them whole, every kind).
+struct EventValues {
+  std::uint64_t t_ns = 0;      // CLOCK_MONOTONIC (an EventClock stamp where the Record is `stamped`)
   std::uint64_t dur_ns = 0;    // how long the call took (the real driver call, or the pool)
   std::uint64_t size = 0;      // bytes asked for (or chunk size for grow/release)
   std::uint64_t ptr = 0;       // device address (or VMM handle for vmm_create/vmm_release)
   std::uint64_t stream = 0;    // stream handle, where the API has one
-  const char* api = nullptr;   // static string: the API name ("cudaMalloc", "cuMemAlloc_v2")
   PoolState pool{};
   std::int32_t rc = 0;         // the CUDA result code returned to the caller
   std::uint32_t flags = 0;     // stream events: the stream's flags (1: non-blocking)
   std::uint32_t tid = 0;       // kernel thread id
+  // How many calls dur_ns stands for: 1; kCacheTimingSample for the one timed call of a sample;
+  // 0 when the call was not timed (then `t` is its start, and dur_ns is not written).
+  std::uint32_t timed_for = 1;
   std::int16_t device = -1;    // device ordinal, -1 when unknown
   EventKind kind = EventKind::alloc;
   Path path = Path::none;
@@ -115,10 +121,13 @@ struct Record {
   bool has_pool = false;
   bool has_flags = false;
   bool recycled = false;       // served by cupool's VMM mapping cache, no driver call (key only when true)
+  bool operator==(const EventValues&) const = default;
+};
+
+// One event as the hot path records it: plain data, no heap, formatted later by the writer.
+struct Record : EventValues {
+  const char* api = nullptr;   // static string: the API name ("cudaMalloc", "cuMemAlloc_v2")
   bool stamped = false;        // t_ns and dur_ns are in EventClock stamps: the writer converts them
-  // How many calls dur_ns stands for: 1; kCacheTimingSample for the one timed call of a sample;
-  // 0 when the call was not timed (then `t` is its start, and dur_ns is not written).
-  std::uint16_t timed_for = 1;
 };
 
 // JSON keys, used by writer and reader alike.

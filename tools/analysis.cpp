@@ -115,20 +115,34 @@ void DeviceFold::apply(const Event& e) {
       break;
     case EventKind::vmm_create:
       if (e.rc == 0) {
+        if (auto kept = vmm_kept_.find(e.ptr); e.recycled && kept != vmm_kept_.end()) {
+          kept_ -= kept->second;
+          vmm_kept_.erase(kept);
+        }
         vmm_[e.ptr] += e.size;
         outside_ += e.size;
       }
       break;
     case EventKind::vmm_release:
+      if (e.rc != 0) break;
       if (auto it = vmm_.find(e.ptr); it != vmm_.end()) {
         outside_ -= it->second;
+        if (e.recycled) {  // kept by the cache: still reserved
+          vmm_kept_[e.ptr] = it->second;
+          kept_ += it->second;
+        }
         vmm_.erase(it);
+      } else if (auto kept = vmm_kept_.find(e.ptr); kept != vmm_kept_.end()) {  // cupool gave it back
+        kept_ -= kept->second;
+        vmm_kept_.erase(kept);
       }
       break;
     case EventKind::context_reset:
       // The context's pool and every allocation in it are gone.
       live_.clear();
       vmm_.clear();
+      vmm_kept_.clear();
+      kept_ = 0;
       pool_ = {};
       requested_ = outside_ = 0;
       break;
@@ -141,7 +155,7 @@ void DeviceFold::apply(const Event& e) {
 void DeviceFold::update() {
   now_.requested = requested_;
   now_.in_use = pool_.in_use + outside_;
-  now_.reserved = pool_.reserved + outside_;
+  now_.reserved = pool_.reserved + outside_ + kept_;
   now_.largest_free = pool_.largest_free;
   const std::uint64_t busy = pool_.in_use + pool_.quarantined + pool_.cached;  // cached: one thread's, not free to all
   now_.free = pool_.reserved > busy ? pool_.reserved - busy : 0;
@@ -357,7 +371,7 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
       o.device = e.device;
       if (e.kind != EventKind::oom) o.api = e.api;  // the pool's own event: its alloc names the API
       o.size = e.size;
-      o.oom_class = e.kind == EventKind::oom ? e.oom : trace::OomClass::device;
+      o.oom_class = e.kind == EventKind::oom ? e.oom_class : trace::OomClass::device;
       o.rc = e.rc;
       o.tid = e.tid;
       o.has_pool = e.has_pool;

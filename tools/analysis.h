@@ -79,6 +79,10 @@ class DeviceFold {
   // may come before its allocation: kept here (value.size: the free's time) until it does.
   PtrMap early_frees_;
   std::unordered_map<std::uint64_t, std::uint64_t> vmm_;  // cuMemCreate handle -> bytes
+  // Mappings the VMM cache keeps after the program released them (`recycled` releases): still
+  // reserved, not in use, until a `recycled` create hands one out again or cupool gives it back.
+  std::unordered_map<std::uint64_t, std::uint64_t> vmm_kept_;
+  std::uint64_t kept_ = 0;
   trace::PoolState pool_{};
   std::uint64_t requested_ = 0;
   std::uint64_t outside_ = 0;  // held outside the pool

@@ -79,7 +79,7 @@ void PerfettoWriter::visit(std::size_t source, const Event& e, TraceInput& input
     std::string scope = "t";
     std::string args = "\"device\":" + std::to_string(e.device) + ",\"size\":" + std::to_string(e.size);
     if (e.kind == EventKind::oom) {
-      name = "out of memory (" + std::string(oom_name(e.oom)) + ") " + human_size(e.size);
+      name = "out of memory (" + std::string(oom_name(e.oom_class)) + ") " + human_size(e.size);
       scope = "p";
     } else if (e.kind == EventKind::alloc) {
       name = e.api + " failed " + human_size(e.size) + " (rc " + std::to_string(e.rc) + ")";

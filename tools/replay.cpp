@@ -69,7 +69,7 @@ struct Replayer::Run : public EventSink {
     e.ptr = r.ptr;
     e.rc = r.rc;
     e.tid = tid;  // the thread whose call this is, so an oom pairs with its failed alloc
-    e.oom = r.oom_class;
+    e.oom_class = r.oom_class;
     e.has_pool = r.has_pool;
     e.pool = r.pool;
     analysis.add(source, e, line);

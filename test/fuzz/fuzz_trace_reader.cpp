@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "options.h"
 #include "trace_reader.h"
 
 namespace {
@@ -47,6 +48,14 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     FUZZ_CHECK(utf8(h.cupool_version) && utf8(h.host));
     for (const auto& arg : h.cmdline) FUZZ_CHECK(utf8(arg));
     FUZZ_CHECK(h.config.is_object());
+    // The recorded configuration decodes to a valid one, or to nothing with a reason.
+    std::string why;
+    if (auto c = cupool::decode_config(h.config, &why)) {
+      const auto again = cupool::decode_config(nlohmann::json::parse(cupool::config_json(*c)));
+      FUZZ_CHECK(again && *again == *c);  // what it decoded encodes back to itself
+    } else {
+      FUZZ_CHECK(!why.empty());
+    }
     cupool::Event e;
     std::uint64_t events = 0;
     while (reader.next(e)) {
@@ -54,7 +63,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       FUZZ_CHECK(utf8(e.api));
       FUZZ_CHECK(e.device >= -1);
       FUZZ_CHECK(e.kind < cupool::trace::EventKind::count_ && e.path < cupool::trace::Path::count_ &&
-                 e.oom < cupool::trace::OomClass::count_);
+                 e.oom_class < cupool::trace::OomClass::count_);
       FUZZ_CHECK(e.timed_for != 0 || e.dur_ns == 0);
     }
     FUZZ_CHECK(reader.events_read() == events);
