@@ -545,6 +545,15 @@ bool DevicePool::cache_usable() const {
 }
 
 ThreadCache* DevicePool::my_cache(bool create) {
+  if (recorded_thread_) [[unlikely]] {
+    // Replay: the cache of the recorded thread whose call this is.
+    if (auto it = recorded_caches_.find(*recorded_thread_); it != recorded_caches_.end()) return it->second;
+    if (!create) return nullptr;
+    Lock lk(mu_);
+    if (abandoned_) return nullptr;
+    caches_.push_back(std::make_unique<ThreadCache>());
+    return recorded_caches_[*recorded_thread_] = caches_.back().get();
+  }
   for (const auto& r : t_caches.refs)
     if (r.pool_id == id_) return r.cache;
   if (!create) return nullptr;

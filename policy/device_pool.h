@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "config.h"
@@ -81,6 +82,9 @@ class DevicePool {
   static void after_fork_in_child();  // once per child, before abandon_after_fork
 
   void set_clock(Clock clock, void* ctx);
+  // Replay: one thread replays the calls of every recorded thread, and each recorded thread gets
+  // the cache its calls would have had: *tid names whose call is being replayed. Set before use.
+  void set_recorded_thread(const std::uint32_t* tid) { recorded_thread_ = tid; }
   std::uint64_t cap() const { return cap_; }
   std::uint64_t external() const;
 
@@ -231,6 +235,8 @@ class DevicePool {
   // thread caches
   const std::uint64_t id_;                          // unique for the process's lifetime
   std::vector<std::unique_ptr<ThreadCache>> caches_;  // under mu_
+  const std::uint32_t* recorded_thread_ = nullptr;  // replay (set_recorded_thread)
+  std::unordered_map<std::uint32_t, ThreadCache*> recorded_caches_;
   mutable std::atomic<std::uint64_t> snap_reserved_{0}, snap_largest_{0}, snap_quarantined_{0};
   mutable std::atomic<std::uint32_t> snap_free_blocks_{0};
   mutable bool snapshot_fresh_ = false;  // under mu_: the snapshot is the state as it is now

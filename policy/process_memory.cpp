@@ -232,7 +232,7 @@ std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api,
 }
 
 void ProcessMemory::warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, trace::OomClass oom) const {
-  log_warn(describe_oom(c, api, size, oom));
+  if (warnings_) log_warn(describe_oom(c, api, size, oom));
 }
 
 }  // namespace cupool

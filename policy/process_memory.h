@@ -56,6 +56,8 @@ class ProcessMemory {
   ProcessMemory& operator=(const ProcessMemory&) = delete;
 
   const Config& config() const { return cfg_; }
+  // Out-of-memory warnings on stderr (on by default; replay turns them off: its report says it).
+  void set_warnings(bool on) { warnings_ = on; }
   bool pooled() const { return cfg_.policy != PolicyKind::passthrough; }
 
   // ---- contexts
@@ -139,6 +141,7 @@ class ProcessMemory {
 
   const Config cfg_;
   EventSink* const sink_;
+  bool warnings_ = true;
   std::unique_ptr<ChargingVmm> vmm_driver_;
   std::atomic<VmmCache*> vmm_cache_{nullptr};
 

@@ -57,7 +57,7 @@ constexpr auto kStringStop = [] {
 
 enum class Key : std::uint8_t {
   unknown, type, t, tid, ev, api, path, dev, size, ptr, stream, rc, dur, oom, reserved, in_use, largest_free,
-  quarantined, free_blocks, flags, cached, timed_for, recycled
+  quarantined, free_blocks, flags, cached, timed_for, recycled, handle, offset
 };
 
 // The key names, checked against the schema so the two cannot drift apart.
@@ -66,7 +66,8 @@ static_assert(tk::t == "t" && tk::ev == "ev" && tk::rc == "rc" && tk::tid == "ti
               tk::type == "type" && tk::path == "path" && tk::size == "size" && tk::stream == "stream" &&
               tk::in_use == "in_use" && tk::reserved == "reserved" && tk::free_blocks == "free_blocks" &&
               tk::quarantined == "quarantined" && tk::largest_free == "largest_free" && tk::flags == "flags" &&
-              tk::cached == "cached" && tk::timed_for == "timed_for" && tk::recycled == "recycled");
+              tk::cached == "cached" && tk::timed_for == "timed_for" && tk::recycled == "recycled" &&
+              tk::handle == "handle" && tk::offset == "offset");
 
 // One fixed-size comparison per key instead of a chain of them. k.size() is N - 1 here.
 template <std::size_t N>
@@ -100,6 +101,8 @@ Key key_of(std::string_view k) {
         case 's': return key_if(k, "stream", Key::stream);
         case 'i': return key_if(k, "in_use", Key::in_use);
         case 'c': return key_if(k, "cached", Key::cached);
+        case 'h': return key_if(k, "handle", Key::handle);
+        case 'o': return key_if(k, "offset", Key::offset);
       }
       return Key::unknown;
     case 8: return k[2] == 's' ? key_if(k, "reserved", Key::reserved) : key_if(k, "recycled", Key::recycled);
@@ -867,6 +870,8 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
   out.stream = 0;
   out.has_flags = false;
   out.recycled = false;
+  out.has_handle = false;
+  out.handle = out.offset = 0;
   out.flags = 0;
   out.oom_class = trace::OomClass::none;
   out.pool = trace::PoolState{};
@@ -963,6 +968,13 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
       case Key::stream:
         if (!s.address(out.stream)) bad(key, "a handle \"0x...\"");
         out.has_stream = true;
+        break;
+      case Key::handle:
+        if (!s.address(out.handle)) bad(key, "a handle \"0x...\"");
+        out.has_handle = true;
+        break;
+      case Key::offset:
+        u64(key, out.offset);
         break;
       case Key::recycled:
         if (!s.boolean(out.recycled)) bad(key, "true or false");

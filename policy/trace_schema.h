@@ -2,8 +2,10 @@
 // reader (policy/trace_reader.*). docs/trace-format.md documents it; a test checks the two agree.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
+#include <vector>
 #include <string_view>
 
 namespace cupool::trace {
@@ -13,6 +15,8 @@ namespace cupool::trace {
 // 2.1: `graph_mem` events; arrays are `alloc`/`free` events (their handle in `ptr`).
 // 2.2: `vmm_release` of cupool's own (`api` "cupool"): the VMM mapping cache gave a kept mapping
 //      back to the driver. A mapping kept (a `recycled` release) stays reserved until then.
+//      `vmm_map` events name the handle mapped and the offset into it (`handle`, `offset`), so
+//      that replay can run the mapping cache.
 inline constexpr int kFormatMajor = 2;
 inline constexpr int kFormatMinor = 2;
 inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
@@ -98,6 +102,39 @@ struct PoolState {
   bool operator==(const PoolState&) const = default;
 };
 
+// Events a thread cache served carry the change to the bytes in use (cache_delta) instead of
+// in_use and cached: this fills those in, per pool, from the last values seen, in time order.
+// One home for the rule, run by the trace writer and by replay on their streams of events.
+class PoolStateDerivation {
+ public:
+  void apply(PoolState& pool) {
+    Last* last = nullptr;
+    for (Last& l : last_)
+      if (l.pool == pool.pool) last = &l;
+    if (last == nullptr) last = &last_.emplace_back(Last{pool.pool, 0, 0});
+    if (pool.cache_delta == 0) {
+      last->in_use = pool.in_use;
+      last->cached = pool.cached;
+      return;
+    }
+    auto add = [](std::uint64_t v, std::int64_t d) {
+      return d >= 0 ? v + static_cast<std::uint64_t>(d) : v - std::min(v, static_cast<std::uint64_t>(-d));
+    };
+    last->in_use = add(last->in_use, pool.cache_delta);
+    last->cached = add(last->cached, -pool.cache_delta);
+    pool.in_use = last->in_use;
+    pool.cached = last->cached;
+    pool.cache_delta = 0;
+  }
+  void clear() { last_.clear(); }
+
+ private:
+  struct Last {
+    std::uint64_t pool, in_use, cached;
+  };
+  std::vector<Last> last_;  // a handful of pools: a scan beats a map
+};
+
 // The values of one event line: one definition for the writer's Record and the reader's Event,
 // so that every field written is a field read (a test round-trips them whole, every kind).
 struct EventValues {
@@ -106,6 +143,8 @@ struct EventValues {
   std::uint64_t size = 0;      // bytes asked for (or chunk size for grow/release)
   std::uint64_t ptr = 0;       // device address (or VMM handle for vmm_create/vmm_release)
   std::uint64_t stream = 0;    // stream handle, where the API has one
+  std::uint64_t handle = 0;    // vmm_map: the physical allocation mapped (has_handle)...
+  std::uint64_t offset = 0;    // ...at this offset into it
   PoolState pool{};
   std::int32_t rc = 0;         // the CUDA result code returned to the caller
   std::uint32_t flags = 0;     // stream events: the stream's flags (1: non-blocking)
@@ -120,6 +159,7 @@ struct EventValues {
   bool has_stream = false;
   bool has_pool = false;
   bool has_flags = false;
+  bool has_handle = false;
   bool recycled = false;       // served by cupool's VMM mapping cache, no driver call (key only when true)
   bool operator==(const EventValues&) const = default;
 };
@@ -153,6 +193,8 @@ inline constexpr std::string_view quarantined = "quarantined";
 inline constexpr std::string_view cached = "cached";
 inline constexpr std::string_view free_blocks = "free_blocks";
 inline constexpr std::string_view flags = "flags";
+inline constexpr std::string_view handle = "handle";  // vmm_map: the handle mapped ("0x...")
+inline constexpr std::string_view offset = "offset";  // vmm_map: bytes into the handle
 inline constexpr std::string_view recycled = "recycled";  // true: a VMM call served by the mapping cache
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
 }  // namespace key

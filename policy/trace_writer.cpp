@@ -458,7 +458,11 @@ void TraceWriter::pass_locked() {
   std::stable_sort(batch_.begin(), batch_.end(),
                    [](const trace::Record& a, const trace::Record& b) { return a.t_ns < b.t_ns; });
   for (trace::Record& r : batch_) {
-    if (r.has_pool) derive_pool_state_locked(r.pool);
+    // In time order: a cache-served event's in_use and cached from its pool's last values. Events
+    // dropped from a full ring leave the derived values off until the pool's next locked event,
+    // and cache-served events of other threads around a locked one may be counted on the wrong
+    // side of it.
+    if (r.has_pool) derived_.apply(r.pool);
     format_event_locked(r);
   }
   write_buffer_locked();
@@ -520,29 +524,6 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
   return dead;
 }
 
-// In time order: an event the pool served under its lock carries the pool's in_use and cached;
-// one a thread cache served carries the change, applied here to the last known values. Events
-// dropped from a full ring leave the derived values off until the pool's next locked event, and
-// cache-served events of other threads around a locked one may be counted on the wrong side of it.
-void TraceWriter::derive_pool_state_locked(trace::PoolState& pool) {
-  auto it = std::find_if(derived_.begin(), derived_.end(), [&](const Derived& d) { return d.pool == pool.pool; });
-  if (it == derived_.end()) it = derived_.insert(derived_.end(), Derived{pool.pool, 0, 0});
-  if (pool.cache_delta == 0) {
-    it->in_use = pool.in_use;
-    it->cached = pool.cached;
-    return;
-  }
-  auto add = [](std::uint64_t v, std::int64_t d) {
-    return d >= 0 ? v + static_cast<std::uint64_t>(d)
-                  : v - std::min(v, static_cast<std::uint64_t>(-d));
-  };
-  it->in_use = add(it->in_use, pool.cache_delta);
-  it->cached = add(it->cached, -pool.cache_delta);
-  pool.in_use = it->in_use;
-  pool.cached = it->cached;
-  pool.cache_delta = 0;
-}
-
 // Writes one event line. Called for a pass's events in time order.
 void TraceWriter::format_event_locked(const trace::Record& r) {
   if (buf_used_ + kMaxLine > kBufferSize) write_buffer_locked();
@@ -574,6 +555,12 @@ void TraceWriter::format_event_locked(const trace::Record& r) {
   if (r.has_flags) {
     o.key(tk::flags);
     o.u64(r.flags);
+  }
+  if (r.has_handle) {
+    o.key(tk::handle);
+    o.hex(r.handle);
+    o.key(tk::offset);
+    o.u64(r.offset);
   }
   o.key(tk::rc);
   o.i64(r.rc);

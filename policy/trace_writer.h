@@ -84,7 +84,6 @@ class TraceWriter final : public EventSink {
   bool open_file_locked(std::string* error);  // out_mu_ held
   void pass_locked();                         // out_mu_ held: drain all rings, write
   bool drain_ring_locked(Ring& ring);         // true when the ring is dead and empty
-  void derive_pool_state_locked(trace::PoolState& pool);
   void format_event_locked(const trace::Record& r);
   void write_buffer_locked();
   void write_all_locked(const char* data, std::size_t size);
@@ -123,11 +122,7 @@ class TraceWriter final : public EventSink {
     std::uint64_t total_bytes;
   };
   std::vector<Device> devices_;
-  struct Derived {  // a pool's in_use and cached as of the last event written
-    std::uint64_t pool;
-    std::uint64_t in_use, cached;
-  };
-  std::vector<Derived> derived_;
+  trace::PoolStateDerivation derived_;  // pools' in_use and cached as of the last event written
   std::uint64_t events_ = 0, dropped_ = 0, allocs_ = 0, frees_ = 0, ooms_ = 0;
 };
 

@@ -4,13 +4,14 @@
 
 namespace cupool {
 
-namespace {
 // The mapping whose handle this thread was just given by take(): the next reserve() on the
 // thread returns its address (XLA's sequence is create, reserve, map, set access on one thread).
 struct LastTaken {
   const void* cache = nullptr;
   std::uint64_t id = 0;
 };
+
+namespace {
 thread_local LastTaken t_last;
 }  // namespace
 
@@ -111,13 +112,29 @@ void VmmCache::clear_range(std::uint64_t va, std::uint64_t size) {
   }
 }
 
+LastTaken VmmCache::last_taken() const {
+  if (recorded_thread_) [[unlikely]] {
+    auto it = recorded_last_.find(*recorded_thread_);
+    return it != recorded_last_.end() && it->second ? LastTaken{this, it->second} : LastTaken{};
+  }
+  return t_last;
+}
+
+void VmmCache::set_last_taken(std::uint64_t id) {
+  if (recorded_thread_) [[unlikely]] {
+    recorded_last_[*recorded_thread_] = id;
+    return;
+  }
+  t_last = id ? LastTaken{this, id} : LastTaken{};
+}
+
 std::uint64_t VmmCache::hand_out(std::uint64_t id, Entry& e) {
   unlink_free(id, e);
   e.stage = Stage::used;
   e.has_handle = true;
   e.has_va = false;
   e.mapped = false;
-  t_last = LastTaken{this, id};
+  set_last_taken(id);
   ++stats_.hits;
   return e.handle;
 }
@@ -263,10 +280,11 @@ void VmmCache::created(Upstream* owner, std::uint64_t handle, std::uint64_t size
 // ---- cuMemAddressReserve --------------------------------------------------------------------
 
 std::uint64_t VmmCache::reserve(std::uint64_t size, std::uint64_t alignment) {
-  if (t_last.cache != this) return 0;
+  const LastTaken last = last_taken();
+  if (last.cache != this) return 0;
   std::lock_guard lock(mu_);
-  const std::uint64_t id = t_last.id;
-  t_last = LastTaken{};
+  const std::uint64_t id = last.id;
+  set_last_taken(0);
   Entry* e = by_id(id);
   if (e == nullptr || e->stage != Stage::used || !e->has_handle || e->has_va || e->mapped || e->size != size)
     return 0;

@@ -20,6 +20,8 @@
 
 namespace cupool {
 
+struct LastTaken;  // vmm_cache.cpp
+
 // The allocation properties that must be equal for a mapping to be reused (the shim packs type,
 // location, requested handle types and allocation flags into these words).
 struct VmmProps {
@@ -108,6 +110,9 @@ class VmmCache {
   // Memory pressure: give back every free mapping of `owner` (nullptr: of every owner) for real.
   // Returns the bytes given back.
   std::uint64_t evict_free(Upstream* owner);
+  // Replay: one thread replays every recorded thread's calls; *tid names whose call this is, so
+  // that "the mapping this thread was just given" is the recorded thread's. Set before use.
+  void set_recorded_thread(const std::uint32_t* tid) { recorded_thread_ = tid; }
   // The owner's context is gone (reset, destroyed, fork child): forget its mappings, no calls.
   void abandon(Upstream* owner);
 
@@ -164,8 +169,13 @@ class VmmCache {
   void seal(Upstream* owner);
   void poll(Upstream* owner);
 
+  LastTaken last_taken() const;
+  void set_last_taken(std::uint64_t id);  // 0: none
+
   VmmDriver& driver_;
   const FreeMode mode_;
+  const std::uint32_t* recorded_thread_ = nullptr;
+  std::unordered_map<std::uint32_t, std::uint64_t> recorded_last_;  // recorded tid -> entry id
   mutable std::mutex mu_;
   std::uint64_t next_id_ = 1;
   std::unordered_map<std::uint64_t, Entry> entries_;

@@ -784,11 +784,17 @@ namespace {
 // lets the cache learn what the driver did.
 template <typename Call, typename Serve, typename Done>
 CUresult vmm_range_call(Path path, EventKind kind, const char* api, CUdeviceptr ptr, size_t size, Call&& call,
-                        Serve&& serve, Done&& done) {
+                        Serve&& serve, Done&& done, const CUmemGenericAllocationHandle* mapped = nullptr,
+                        size_t offset = 0) {
   HookScope scope;
   if (!scope.outermost()) return call();
   initialize();
   Event ev(kind, api, path);
+  if (mapped) {  // cuMemMap: what is mapped, so that replay can run the mapping cache
+    ev.r.has_handle = true;
+    ev.r.handle = *mapped;
+    ev.r.offset = offset;
+  }
   VmmCache* cache = vmm_cache();
   CUresult rc;
   if (cache && serve(*cache) == VmmCache::Verdict::served) {
@@ -814,7 +820,8 @@ CUresult cuMemMap(Path path, CUdeviceptr ptr, size_t size, size_t offset, CUmemG
       [&](VmmCache& c) { return flags == 0 ? c.map(ptr, size, offset, handle) : VmmCache::Verdict::forward; },
       [&](VmmCache& c, CUresult rc) {
         if (rc == CUDA_SUCCESS) c.map_done(ptr, size, offset, handle);
-      });
+      },
+      &handle, offset);
 }
 
 CUresult cuMemUnmap(Path path, CUdeviceptr ptr, size_t size) {

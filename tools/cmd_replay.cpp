@@ -13,19 +13,23 @@ namespace cupool::tools {
 const char* const kReplayHelp =
     "usage: cupool replay [OPTIONS] TRACE... [--policy P[,P...]]\n"
     "\n"
-    "Drives the recorded allocations and frees, in order, through each policy on a simulated device\n"
-    "(no GPU needed), with the same pool code as libcupool.so, and prints side by side: peak\n"
-    "requested / in use / reserved, fragmentation, chunks taken from and returned to the device,\n"
-    "out-of-memory count and the first allocation that would fail, and why. The recorded run is\n"
-    "the first column. Several traces are replayed together, sharing each simulated device.\n"
+    "Drives the recorded calls, in order, through each policy on a simulated device (no GPU\n"
+    "needed), each process by the object libcupool.so runs (its pools, the memory it holds outside\n"
+    "them, its cap, the VMM mapping cache), and prints side by side: peak requested / in use /\n"
+    "reserved, fragmentation, chunks taken from and returned to the device, out-of-memory count\n"
+    "and the first allocation that would fail, and why. The recorded run is the first column.\n"
+    "Several traces are replayed together, sharing each simulated device.\n"
     "\n"
-    "  passthrough is plain cudaMalloc: every allocation reserved on its own, rounded up to 512 bytes.\n"
-    "  Allocations that failed in the recording are tried again; if they succeed they are freed at\n"
-    "  once (the program kept nothing). Memory the recorded pool did not serve (managed,\n"
-    "  stream-ordered) is held outside the replayed pools and counts against their cap.\n"
+    "  passthrough is the library's: every allocation goes to the driver on its own, charged its\n"
+    "  exact size. Allocations that failed in the recording are tried again; if they succeed they\n"
+    "  are freed at once (the program kept nothing). Memory a pool never serves (managed,\n"
+    "  stream-ordered, arrays, cuMemCreate) is held outside the replayed pools and counts against\n"
+    "  their cap. docs/cli.md says what is and is not modelled.\n"
     "\n"
     "options:\n"
-    "  --policy P[,P...]       growth, preallocate, passthrough (default: all three)\n"
+    "  --policy P[,P...]       growth, preallocate, passthrough (default: all three), or\n"
+    "                          recorded: each trace under the configuration its header records\n"
+    "                          (the options below do not change it; shown as \"replayed\")\n"
     "  --capacity SIZE         memory of each simulated device (default: the trace's device total,\n"
     "                          else 80 GiB)\n"
     "  --limit SIZE            CUPOOL_LIMIT for the replayed pools (8GiB, 50%, 8GiB,1:50%)\n"
@@ -166,10 +170,11 @@ int cmd_replay(const std::vector<std::string>& raw) {
       if (*options.capacity == 0) return usage_error(cmd, "--capacity: must be more than 0");
     }
     for (const std::string& name : names) {
+      if (name == "recorded") {
+        options.policies.push_back(ReplayPolicy{name, Config{}, true});
+        continue;
+      }
       vars["CUPOOL_POLICY"] = name;
-      // One thread drives every recorded thread's calls here: a per-thread cache would pool all
-      // of them as if they were one thread's, so the replayed pools have none.
-      vars["CUPOOL_THREAD_CACHE"] = "false";
       // The replayed configuration is read by the same table as the library's (policy/options.cpp).
       auto parsed = parse_options([&](const char* var) -> const char* {
         auto it = vars.find(var);
@@ -178,6 +183,7 @@ int cmd_replay(const std::vector<std::string>& raw) {
       if (auto* err = std::get_if<OptionError>(&parsed)) {
         std::string msg = err->message;
         if (msg.rfind("cupool: ", 0) == 0) msg = msg.substr(8);
+        if (err->variable == "CUPOOL_POLICY") msg += " (or recorded)";
         return usage_error(cmd, msg);
       }
       options.policies.push_back(ReplayPolicy{name, std::get<Config>(parsed)});
@@ -195,7 +201,8 @@ int cmd_replay(const std::vector<std::string>& raw) {
 
     std::vector<Column> columns = {{"recorded", &recorded}};
     for (std::size_t i = 0; i < replayer.runs().size(); ++i)
-      columns.push_back({replayer.policy(i).name, &replayer.analysis(i)});
+      // The trace's own column is "recorded": its replay under the same configuration is "replayed".
+      columns.push_back({replayer.policy(i).recorded ? "replayed" : replayer.policy(i).name, &replayer.analysis(i)});
     bool any_oom = false;
     for (std::size_t i = 1; i < columns.size(); ++i) any_oom = any_oom || columns[i].analysis->oom_count() > 0;
 
@@ -204,7 +211,14 @@ int cmd_replay(const std::vector<std::string>& raw) {
       for (std::size_t i = 0; i < replayer.runs().size(); ++i) {
         nlohmann::json j = numbers_json(replayer.analysis(i), &replayer);
         j["policy"] = replayer.policy(i).name;
-        j["config"] = nlohmann::json::parse(config_json(replayer.policy(i).config));
+        // "recorded" replays each trace under its own configuration: one per trace then.
+        if (replayer.policy(i).recorded && recorded.sources().size() > 1) {
+          j["config"] = nlohmann::json::array();
+          for (std::size_t s = 0; s < recorded.sources().size(); ++s)
+            j["config"].push_back(nlohmann::json::parse(config_json(replayer.config(i, s))));
+        } else {
+          j["config"] = nlohmann::json::parse(config_json(replayer.config(i, 0)));
+        }
         policies.push_back(j);
       }
       nlohmann::json traces = nlohmann::json::array();

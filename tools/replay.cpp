@@ -1,11 +1,10 @@
 #include "replay.h"
 
-#include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <unordered_map>
 
-#include "device_pool.h"
-#include "event_sink.h"
 #include "options.h"
+#include "process_memory.h"
 #include "sim_upstream.h"
 
 namespace cupool::tools {
@@ -16,104 +15,187 @@ namespace {
 
 std::uint64_t replay_clock(void* ctx) { return *static_cast<const std::uint64_t*>(ctx); }
 
-std::uint64_t round_up(std::uint64_t v, std::uint64_t g) { return (v + g - 1) / g * g; }
+// The calls the shim serves from a pool (when the policy pools): shim/hooks_alloc.cpp.
+bool pool_serves(const Event& e) {
+  if (e.has_pool) return true;
+  static const std::string_view kPoolApis[] = {"cudaMalloc", "cudaMallocPitch", "cuMemAlloc_v2", "cuMemAllocPitch_v2",
+                                               "cuMemAlloc", "cuMemAllocPitch"};
+  for (std::string_view api : kPoolApis)
+    if (e.api == api) return true;
+  return false;
+}
 
-// The recorded process, as if it had run under the replayed policy.
-TraceMeta replayed_meta(TraceMeta meta, const ReplayPolicy& p) {
-  meta.policy = p.name;
-  meta.free_mode = p.config.free_mode == FreeMode::deferred ? "deferred" : "sync";
-  const auto config = nlohmann::json::parse(config_json(p.config), nullptr, false);
-  meta.limit_json = config.is_object() && config.contains("limit") ? config["limit"].dump() : "null";
+// Managed memory is not device memory until it is touched: it is charged, not placed.
+bool takes_device_memory(const Event& e) { return e.api.find("Managed") == std::string::npos; }
+
+// The recorded process, as if it had run under the replayed configuration.
+TraceMeta replayed_meta(TraceMeta meta, const Config& config, const std::string& name) {
+  meta.config = config;
+  meta.policy = name == "recorded" ? std::string(policy_name(config.policy)) : name;
+  meta.free_mode = free_mode_name(config.free_mode);
   return meta;
 }
 
+// What the driver is to one context in a replay: the simulated device, and a record of all the
+// context holds on it, so that a context reset gives it back as the driver does (the shim's
+// DriverUpstream::detach, after which the pool's memory is forgotten without calls).
+class ReplayContext final : public Upstream {
+ public:
+  ReplayContext(SimUpstream& device, const bool& streams_seen) : device_(device), streams_seen_(streams_seen) {}
+  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override {
+    if (detached_) {
+      *driver_code = SimUpstream::kOutOfMemoryCode;
+      return UpstreamStatus::error;
+    }
+    const UpstreamStatus s = device_.reserve(bytes, base, driver_code);
+    if (s == UpstreamStatus::ok) held_[*base] = bytes;
+    return s;
+  }
+  void release(std::uint64_t base, std::size_t bytes) override {
+    if (detached_ || held_.erase(base) == 0) return;
+    device_.release(base, bytes);
+  }
+  void device_memory(std::size_t* total, std::size_t* free) override { device_.device_memory(total, free); }
+  void synchronize() override { device_.synchronize(); }
+  // As the shim's: fences only once the process has streams of its own.
+  bool needs_fences() override { return streams_seen_; }
+  FenceId place_fence() override { return device_.place_fence(); }
+  bool fence_retired(FenceId fence) override { return device_.fence_retired(fence); }
+  void wait_fence(FenceId fence) override { device_.wait_fence(fence); }
+  bool capturing() override { return false; }
+
+  void detach() {
+    for (const auto& [base, bytes] : held_) device_.release(base, bytes);
+    held_.clear();
+    detached_ = true;
+  }
+
+ private:
+  SimUpstream& device_;
+  const bool& streams_seen_;
+  std::unordered_map<std::uint64_t, std::size_t> held_;
+  bool detached_ = false;
+};
+
 }  // namespace
 
-// One policy: its simulated devices, pools per (trace, device), and the Analysis of what they did.
+// One policy: its simulated devices, one ProcessMemory per recorded process (the object the shim
+// runs), and the Analysis of what they did.
 struct Replayer::Run : public EventSink {
   ReplayPolicy policy;
-  bool passthrough = false;
   Analysis analysis;
   std::uint64_t now = 0;       // the replay clock: the recorded event's time
   std::size_t source = 0;      // whose event is being replayed (for the pool's own events)
   std::uint32_t tid = 0;
   std::uint64_t line = 0;
 
-  struct Key {
-    std::size_t source;
-    int device;
-    bool operator<(const Key& o) const { return source != o.source ? source < o.source : device < o.device; }
+  struct Outside {
+    std::uint64_t bytes = 0;
+    ReplayContext* context = nullptr;  // where it took device memory (nullptr: none)
   };
-  struct PerProcess {
-    std::unique_ptr<DevicePool> pool;      // growth, preallocate
-    std::uint64_t live_rounded = 0;        // passthrough: what plain cudaMalloc holds
-    std::uint64_t cap = 0;                 // passthrough: the limit
-    std::unordered_map<std::uint64_t, std::uint64_t> ptrs;  // recorded -> replayed (0: failed)
-    std::unordered_map<std::uint64_t, std::uint64_t> sizes; // passthrough: replayed -> rounded size
-    std::unordered_map<std::uint64_t, std::uint64_t> early_frees;  // recorded ptr -> free's time
-    std::unordered_map<std::uint64_t, std::uint64_t> outside;      // recorded ptr -> bytes, outside the pool
+  struct Process;
+  // The calls the VMM mapping cache makes itself, on the simulated device: giving a kept
+  // mapping's memory back. Address space is not modelled.
+  class ReplayVmm final : public VmmDriver {
+   public:
+    explicit ReplayVmm(Process& p) : p_(p) {}
+    void unmap(std::uint64_t, std::uint64_t) override {}
+    void address_free(std::uint64_t, std::uint64_t) override {}
+    bool release(std::uint64_t handle) override;
+
+   private:
+    Process& p_;
+  };
+  struct Process {
+    Config config;
+    // Declared before the memory that uses them: destroyed after it.
+    std::vector<std::unique_ptr<ReplayContext>> contexts;   // every context, alive as its records
+    std::unique_ptr<ReplayVmm> vmm;
+    std::unique_ptr<ProcessMemory> memory;
+    // Traces from format 2.2 name what each cuMemMap maps: the mapping cache is replayed too.
+    bool replays_vmm_cache = false;
+    std::unordered_map<std::uint64_t, std::uint64_t> vas;   // recorded -> replayed reservation
+    std::uint64_t next_va = 1ull << 48;                      // replayed reservations (no device memory)
+    std::map<int, std::uint64_t> context_key;               // device -> its current context
+    std::uint64_t next_context = 1;
+    bool streams_seen = false;
+    struct OnDevice {  // forgotten with the device's context
+      std::unordered_map<std::uint64_t, std::uint64_t> ptrs;          // recorded -> replayed (0: failed)
+      std::unordered_map<std::uint64_t, std::uint64_t> early_frees;   // recorded ptr -> free's time
+    };
+    std::map<int, OnDevice> on_device;
+    std::unordered_map<std::uint64_t, Outside> outside;             // replayed -> where it lives
+    std::uint64_t next_host_key = 1ull << 62;  // keys of allocations that take no device memory
   };
   std::map<int, std::unique_ptr<SimUpstream>> devices;
-  std::map<Key, PerProcess> procs;
+  std::map<std::size_t, Process> procs;
 
-  // The pool's own events (grow, release, oom, fence_retired) join the replayed stream.
+  ~Run() override {
+    // Pools give their chunks back to the simulated devices: destroy them first.
+    procs.clear();
+  }
+
+  // Cache-served events' in_use and cached, as the trace writer derives them.
+  trace::PoolStateDerivation derived;
+
+  // The pools' own events (grow, release, oom, fence_retired) join the replayed stream.
   void record(const trace::Record& r) override {
     Event e;
-    e.kind = r.kind;
+    static_cast<trace::EventValues&>(e) = r;
+    if (e.has_pool) derived.apply(e.pool);
     e.api = r.api ? r.api : "";
-    e.path = r.path;
-    e.device = r.device;
     e.t_ns = now;
     e.dur_ns = 0;
-    e.size = r.size;
-    e.ptr = r.ptr;
-    e.rc = r.rc;
     e.tid = tid;  // the thread whose call this is, so an oom pairs with its failed alloc
-    e.oom_class = r.oom_class;
-    e.has_pool = r.has_pool;
-    e.pool = r.pool;
     analysis.add(source, e, line);
   }
 
+  // A replayed call's event: the recorded one with what happened now.
   void emit(const Event& recorded, EventKind kind, std::uint64_t size, std::uint64_t ptr, int rc,
-            const trace::PoolState& pool) {
-    Event e;
+            const trace::PoolState* pool) {
+    Event e = recorded;
     e.kind = kind;
-    e.api = recorded.api;
-    e.path = recorded.path;
-    e.device = recorded.device;
     e.t_ns = now;
+    e.dur_ns = 0;
     e.size = size;
     e.ptr = ptr;
     e.rc = rc;
-    e.tid = recorded.tid;
-    e.has_pool = true;
-    e.pool = pool;
+    e.oom_class = trace::OomClass::none;
+    e.recycled = false;
+    e.has_pool = pool != nullptr;
+    e.pool = pool ? *pool : trace::PoolState{};
+    if (e.has_pool) derived.apply(e.pool);
     analysis.add(source, e, line);
   }
-
-  trace::PoolState passthrough_state(const PerProcess& p) const {
-    trace::PoolState s;
-    s.reserved = s.in_use = p.live_rounded;
-    return s;
-  }
 };
+
+bool Replayer::Run::ReplayVmm::release(std::uint64_t handle) {
+  auto it = p_.outside.find(handle);
+  if (it == p_.outside.end()) return false;
+  if (it->second.context) it->second.context->release(handle, it->second.bytes);
+  p_.outside.erase(it);
+  return true;
+}
 
 Replayer::Replayer(ReplayOptions options) : options_(std::move(options)) {
   for (const auto& p : options_.policies) {
     runs_.push_back(std::make_unique<Run>());
     runs_.back()->policy = p;
-    runs_.back()->passthrough = p.config.policy == PolicyKind::passthrough;
   }
 }
 
-Replayer::~Replayer() {
-  // Pools give their chunks back to the simulated devices: destroy them first.
-  for (auto& run : runs_) run->procs.clear();
-}
+Replayer::~Replayer() = default;
 
 const Analysis& Replayer::analysis(std::size_t run) const { return runs_[run]->analysis; }
 const ReplayPolicy& Replayer::policy(std::size_t run) const { return runs_[run]->policy; }
+
+Config Replayer::config(std::size_t run, std::size_t source) const {
+  const Run& r = *runs_[run];
+  if (auto p = r.procs.find(source); p != r.procs.end()) return p->second.config;
+  if (r.policy.recorded && source < r.analysis.sources().size() && r.analysis.sources()[source].meta.config)
+    return *r.analysis.sources()[source].meta.config;
+  return r.policy.config;
+}
 
 std::uint64_t Replayer::capacity(int device) const {
   auto it = capacities_.find(device);
@@ -125,19 +207,26 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
     for (auto& run : runs_) run->analysis.set_origin(e.t_ns);  // the merged stream's first event
     started_ = true;
   }
+  if (e.kind == EventKind::stream_create) {
+    // From now on the process's work is in several orders: its pools need fences, as the shim's.
+    for (auto& run : runs_)
+      if (auto p = run->procs.find(source); p != run->procs.end()) p->second.streams_seen = true;
+    streams_seen_.insert(source);
+    return;
+  }
   const bool replayed = (e.kind == EventKind::alloc || e.kind == EventKind::free ||
                          e.kind == EventKind::context_reset || e.kind == EventKind::vmm_create ||
-                         e.kind == EventKind::vmm_release) &&
+                         e.kind == EventKind::vmm_release || e.kind == EventKind::va_reserve ||
+                         e.kind == EventKind::vmm_map || e.kind == EventKind::vmm_unmap ||
+                         e.kind == EventKind::va_free) &&
                         e.device >= 0;
   if (!replayed) return;
   if (e.kind == EventKind::alloc && e.size == 0) {
     ++skipped_;
     return;
   }
-  // Memory the recording's pool did not serve (managed, stream-ordered) is held outside the
-  // replayed pools too, and charged against their cap, as the shim does.
-  const bool recorded_outside = e.kind == EventKind::alloc && e.rc == 0 && !e.has_pool &&
-                                input.meta().policy != "passthrough" && !input.meta().policy.empty();
+  // cupool's own give-back of a kept VMM mapping: the replayed cache decides its own.
+  if (e.kind == EventKind::vmm_release && e.api == "cupool") return;
 
   if (!capacities_.count(e.device)) {
     std::uint64_t cap = options_.capacity.value_or(0);
@@ -150,160 +239,230 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
 
   for (auto& run_ptr : runs_) {
     Run& run = *run_ptr;
-    while (run.analysis.sources().size() <= source) run.analysis.add_source(replayed_meta(input.meta(), run.policy));
     run.now = e.t_ns;
     run.source = source;
     run.tid = e.tid;
     run.line = input.line();
 
+    auto proc_it = run.procs.find(source);
+    if (proc_it == run.procs.end()) {
+      Run::Process fresh;
+      if (run.policy.recorded) {
+        if (!input.meta().config)
+          throw TraceError(input.meta().path + ": cannot replay under the recorded configuration: " +
+                           input.meta().config_error);
+        fresh.config = *input.meta().config;
+      } else {
+        fresh.config = run.policy.config;
+      }
+      fresh.streams_seen = streams_seen_.count(source) > 0;
+      proc_it = run.procs.emplace(source, std::move(fresh)).first;
+      Run::Process& p = proc_it->second;
+      const TraceMeta& meta = input.meta();
+      p.replays_vmm_cache = meta.format_major > 2 || (meta.format_major == 2 && meta.format_minor >= 2);
+      p.vmm = std::make_unique<Run::ReplayVmm>(p);
+      p.memory = std::make_unique<ProcessMemory>(p.config, &run, p.replays_vmm_cache ? p.vmm.get() : nullptr);
+      p.memory->set_warnings(false);
+      if (VmmCache* cache = p.memory->vmm_cache()) cache->set_recorded_thread(&run.tid);
+    }
+    Run::Process& proc = proc_it->second;
+    while (run.analysis.sources().size() <= source)
+      run.analysis.add_source(replayed_meta(input.meta(), proc.config, run.policy.name));
+
     auto& dev = run.devices[e.device];
-    if (!dev)
-      dev = std::make_unique<SimUpstream>(capacity, run.passthrough ? ReplayOptions::kPassthroughGranularity
-                                                                    : DevicePool::kChunkGranularity);
-    Run::PerProcess& proc = run.procs[Run::Key{source, e.device}];
-    if (!run.passthrough && !proc.pool) {
-      proc.pool = std::make_unique<DevicePool>(run.policy.config, e.device, *dev, &run);
-      proc.pool->set_clock(&replay_clock, &run.now);
+    if (!dev) {
+      dev = std::make_unique<SimUpstream>(capacity, ReplayOptions::kDeviceGranularity);
+      dev->set_needs_fences(false);  // ReplayContext decides, per process
     }
-    if (run.passthrough && proc.cap == 0) {
-      auto limit = run.policy.config.limit.for_device(e.device);
-      proc.cap = limit ? std::min(limit->resolve(capacity), capacity) : capacity;
+    if (!proc.context_key.count(e.device)) proc.context_key[e.device] = proc.next_context++;
+    const std::uint64_t key = proc.context_key[e.device];
+    ContextMemory* ctx = proc.memory->find_or_add(key, [&](ContextMemory& c) {
+      c.device = e.device;
+      proc.contexts.push_back(std::make_unique<ReplayContext>(*dev, proc.streams_seen));
+      c.upstream = proc.contexts.back().get();
+      return true;
+    });
+    if (ctx == nullptr) continue;  // more contexts than a process may have: the shim refuses them too
+    if (ctx->pool) {
+      ctx->pool->set_clock(&replay_clock, &run.now);
+      ctx->pool->set_recorded_thread(&run.tid);  // each recorded thread its own cache
     }
+    auto* context = static_cast<ReplayContext*>(ctx->upstream);
+    ProcessMemory& memory = *proc.memory;
+    auto& ptrs = proc.on_device[e.device].ptrs;
+    auto& early_frees = proc.on_device[e.device].early_frees;
+
+    // Memory outside the pools, as the shim's hooks take it: charged, then placed on the device.
+    auto allocate_outside = [&](std::uint64_t bytes, bool on_device) -> std::uint64_t {
+      std::uint64_t got = 0;
+      const OutsideAnswer answer = memory.allocate_outside(ctx, bytes, e.api.c_str(), [&](std::uint64_t* made) {
+        if (!on_device) {
+          *made = got = proc.next_host_key++;
+          return OutsideAnswer::ok;
+        }
+        int code = 0;
+        if (context->reserve(bytes, &got, &code) != UpstreamStatus::ok) return OutsideAnswer::out_of_memory;
+        *made = got;
+        return OutsideAnswer::ok;
+      });
+      if (answer != OutsideAnswer::ok) return 0;
+      proc.outside[got] = Run::Outside{bytes, on_device ? context : nullptr};
+      return got;
+    };
+    auto free_outside = [&](std::uint64_t replayed) {
+      auto it = proc.outside.find(replayed);
+      if (it == proc.outside.end()) return false;
+      if (it->second.context) it->second.context->release(replayed, it->second.bytes);
+      proc.outside.erase(it);
+      memory.forget_outside(replayed);
+      return true;
+    };
+    // As the shim's cuMemRelease: the cache keeps the mapping (still charged), or the driver
+    // releases it and it is uncharged.
+    auto release_handle = [&](const Event& recorded, std::uint64_t handle) {
+      VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
+      std::uint64_t kept = 0;
+      Event v = recorded;
+      v.kind = EventKind::vmm_release;
+      v.rc = 0;
+      v.ptr = handle;
+      v.t_ns = run.now;
+      v.dur_ns = 0;
+      v.has_pool = false;
+      v.recycled = cache && cache->release(handle, &kept) == VmmCache::Verdict::served;
+      if (v.recycled) {
+        v.size = kept;
+      } else {
+        v.size = proc.outside.count(handle) ? proc.outside[handle].bytes : 0;
+        free_outside(handle);
+      }
+      run.analysis.add(source, v, run.line);
+    };
+    auto free_replayed = [&](const Event& recorded, std::uint64_t replayed) {
+      if (free_outside(replayed)) {
+        run.emit(recorded, EventKind::free, 0, replayed, 0, nullptr);
+        return;
+      }
+      std::size_t size = 0;
+      trace::PoolState state;
+      ctx->pool->deallocate(replayed, &size, &state);
+      run.emit(recorded, EventKind::free, size, replayed, 0, &state);
+    };
 
     switch (e.kind) {
       case EventKind::alloc: {
         std::uint64_t ptr = 0;
-        if (recorded_outside && !run.passthrough) {
-          // A refused charge is one out-of-memory: the pool's own oom event (it emits one, as
-          // for the shim) and the failed call that follows it.
-          if (!proc.pool->try_charge_external(e.size)) {
-            Event failed = e;
-            failed.t_ns = run.now;
-            failed.ptr = 0;
-            failed.rc = 2;
-            run.analysis.add(source, failed, run.line);
-            break;
-          }
-          proc.outside[e.ptr] = e.size;
-          Event held = e;  // no pool fields: the fold counts it outside the pool
-          held.t_ns = run.now;
-          held.dur_ns = 0;
-          run.analysis.add(source, held, run.line);
-          break;
-        }
-        if (run.passthrough) {
-          const std::uint64_t need = round_up(e.size, ReplayOptions::kPassthroughGranularity);
-          trace::OomClass why = trace::OomClass::none;
-          int code = 0;
-          if (proc.live_rounded + need > proc.cap) {
-            why = trace::OomClass::limit;
-          } else if (dev->reserve(need, &ptr, &code) != UpstreamStatus::ok) {
-            why = trace::OomClass::device;
-            ptr = 0;
-          }
-          if (why == trace::OomClass::none) {
-            proc.live_rounded += need;
-            proc.sizes[ptr] = need;
-            run.emit(e, EventKind::grow, need, ptr, 0, run.passthrough_state(proc));
-          } else {
-            trace::Record r;
-            r.kind = EventKind::oom;
-            r.api = "";
-            r.size = e.size;
-            r.device = static_cast<std::int16_t>(e.device);
-            r.oom_class = why;
-            r.rc = why == trace::OomClass::device ? code : 0;  // as the pool reports it: the driver's code
-            r.has_pool = true;
-            r.pool = run.passthrough_state(proc);
-            run.record(r);
-          }
-          run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : 2, run.passthrough_state(proc));
+        if (memory.pooled() && pool_serves(e)) {
+          trace::PoolState state;
+          ptr = memory.allocate(*ctx, e.size, e.api.c_str(), &state).ptr;
+          run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, &state);
         } else {
-          ptr = proc.pool->allocate(e.size).ptr;
-          run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : 2, proc.pool->state());
+          ptr = allocate_outside(e.size, takes_device_memory(e));
+          run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, nullptr);
         }
         bool freed_already = false;
-        if (auto early = proc.early_frees.find(e.ptr); e.rc == 0 && early != proc.early_frees.end()) {
+        if (auto early = early_frees.find(e.ptr); e.rc == 0 && early != early_frees.end()) {
           // Its free came first in the file (another thread's line): it is freed at once.
           freed_already = early->second >= e.t_ns;
-          proc.early_frees.erase(early);
+          early_frees.erase(early);
         }
         if (e.rc == 0 && e.ptr && !freed_already) {
-          proc.ptrs[e.ptr] = ptr;
+          ptrs[e.ptr] = ptr;
         } else if (ptr) {
           // The recorded program got nothing and kept nothing (or freed it already): give it back.
-          if (run.passthrough) {
-            dev->release(ptr, proc.sizes[ptr]);
-            proc.live_rounded -= proc.sizes[ptr];
-            run.emit(e, EventKind::release, proc.sizes[ptr], ptr, 0, run.passthrough_state(proc));
-            proc.sizes.erase(ptr);
-          } else {
-            proc.pool->deallocate(ptr);
-          }
-          Event f = e;
-          f.kind = EventKind::free;
-          run.emit(f, EventKind::free, 0, ptr, 0, run.passthrough ? run.passthrough_state(proc) : proc.pool->state());
+          free_replayed(e, ptr);
         }
         break;
       }
       case EventKind::free: {
-        if (auto out = proc.outside.find(e.ptr); out != proc.outside.end()) {
-          proc.pool->uncharge_external(out->second);
-          proc.outside.erase(out);
-          Event f = e;
-          f.t_ns = run.now;
-          f.dur_ns = 0;
-          f.has_pool = false;
-          run.analysis.add(source, f, run.line);
-          break;
-        }
-        auto it = proc.ptrs.find(e.ptr);
-        if (it == proc.ptrs.end()) {
+        auto it = ptrs.find(e.ptr);
+        if (it == ptrs.end()) {
           // Allocated before the trace began, or its allocation is yet to come in the file.
-          if (e.ptr) proc.early_frees[e.ptr] = e.t_ns;
+          if (e.ptr) early_frees[e.ptr] = e.t_ns;
           break;
         }
         const std::uint64_t ptr = it->second;
-        proc.ptrs.erase(it);
-        if (!ptr) break;  // its allocation failed in this replay
-        if (run.passthrough) {
-          const std::uint64_t size = proc.sizes[ptr];
-          proc.sizes.erase(ptr);
-          dev->release(ptr, size);
-          proc.live_rounded -= size;
-          run.emit(e, EventKind::release, size, ptr, 0, run.passthrough_state(proc));
-          run.emit(e, EventKind::free, 0, ptr, 0, run.passthrough_state(proc));
-        } else {
-          proc.pool->deallocate(ptr);
-          run.emit(e, EventKind::free, 0, ptr, 0, proc.pool->state());
+        ptrs.erase(it);
+        if (ptr) free_replayed(e, ptr);  // 0: its allocation failed in this replay
+        break;
+      }
+      case EventKind::vmm_create: {
+        // As the shim's cuMemCreate: a safe kept mapping of this size is handed out again (the
+        // mapping cache, when the trace lets it be replayed), else the driver makes one, charged.
+        // Tried whatever the recording got; what the program did not keep goes back at once.
+        VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
+        std::uint64_t handle = cache ? cache->take(ctx->upstream, e.size, VmmProps{}, ctx->pool->has_room(e.size)) : 0;
+        const bool recycled = handle != 0;
+        if (!recycled) {
+          handle = allocate_outside(e.size, true);
+          if (handle && cache) cache->created(ctx->upstream, handle, e.size, VmmProps{});
+        }
+        Event v = e;
+        v.recycled = recycled;
+        v.rc = handle ? 0 : SimUpstream::kOutOfMemoryCode;
+        v.ptr = handle;
+        v.t_ns = run.now;
+        v.dur_ns = 0;
+        v.has_pool = false;
+        run.analysis.add(source, v, run.line);
+        if (handle && e.rc == 0) {
+          ptrs[e.ptr] = handle;
+        } else if (handle) {
+          release_handle(e, handle);
         }
         break;
       }
-      case EventKind::vmm_create:
-      case EventKind::vmm_release:
-        // Physical memory outside the pool counts against the cap (the shim charges it so).
-        if (!run.passthrough && e.rc == 0) {
-          if (e.kind == EventKind::vmm_create) {
-            if (!proc.pool->try_charge_external(e.size)) break;  // the pool's oom event says so
-            proc.sizes[e.ptr] = e.size;
-          } else {
-            auto it = proc.sizes.find(e.ptr);
-            if (it == proc.sizes.end()) break;
-            proc.pool->uncharge_external(it->second);
-            proc.sizes.erase(it);
-          }
-          Event v = e;
-          v.t_ns = run.now;
-          v.tid = e.tid;
-          v.has_pool = false;
-          run.analysis.add(source, v, run.line);
-        }
+      case EventKind::vmm_release: {
+        auto it = ptrs.find(e.ptr);
+        if (e.rc != 0 || it == ptrs.end()) break;
+        const std::uint64_t handle = it->second;
+        ptrs.erase(it);
+        release_handle(e, handle);
         break;
+      }
+      case EventKind::va_reserve: {
+        if (e.rc != 0 || !proc.replays_vmm_cache) break;
+        VmmCache* cache = memory.vmm_cache();
+        std::uint64_t va = cache ? cache->reserve(e.size, 0) : 0;
+        if (va == 0) {
+          va = proc.next_va;
+          proc.next_va += (e.size + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+          if (cache) cache->reserved(va, e.size);
+        }
+        proc.vas[e.ptr] = va;
+        break;
+      }
+      case EventKind::vmm_map: {
+        VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
+        auto va = proc.vas.find(e.ptr);
+        auto handle = ptrs.find(e.handle);
+        if (e.rc != 0 || !cache || !e.has_handle || va == proc.vas.end() || handle == ptrs.end()) break;
+        if (cache->map(va->second, e.size, e.offset, handle->second) == VmmCache::Verdict::forward)
+          cache->map_done(va->second, e.size, e.offset, handle->second);
+        break;
+      }
+      case EventKind::vmm_unmap: {
+        VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
+        auto va = proc.vas.find(e.ptr);
+        if (e.rc != 0 || !cache || va == proc.vas.end()) break;
+        cache->unmap(va->second, e.size);
+        break;
+      }
+      case EventKind::va_free: {
+        VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
+        auto va = proc.vas.find(e.ptr);
+        if (e.rc != 0 || va == proc.vas.end()) break;
+        if (cache) cache->address_free(va->second, e.size);
+        proc.vas.erase(va);
+        break;
+      }
       case EventKind::context_reset: {
-        // The context and its memory are gone: the pool gives its chunks back to the device.
-        for (const auto& [ptr, size] : proc.sizes)
-          if (run.passthrough) dev->release(ptr, size);
-        run.procs.erase(Run::Key{source, e.device});
+        // The context and all its memory are gone: the driver gets everything back.
+        memory.drop(key, [](ContextMemory& c) { static_cast<ReplayContext*>(c.upstream)->detach(); });
+        for (auto it = proc.outside.begin(); it != proc.outside.end();)
+          it = it->second.context == context ? proc.outside.erase(it) : std::next(it);
+        proc.context_key.erase(e.device);
+        proc.on_device.erase(e.device);
         Event r = e;
         r.t_ns = run.now;
         run.analysis.add(source, r, run.line);
@@ -318,8 +477,11 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
 void Replayer::finish(const Analysis& recorded) {
   for (auto& run : runs_) {
     for (std::size_t i = 0; i < recorded.sources().size(); ++i) {
-      while (run->analysis.sources().size() <= i)
-        run->analysis.add_source(replayed_meta(recorded.sources()[i].meta, run->policy));
+      while (run->analysis.sources().size() <= i) {
+        const TraceMeta& meta = recorded.sources()[i].meta;
+        const Config config = run->policy.recorded && meta.config ? *meta.config : run->policy.config;
+        run->analysis.add_source(replayed_meta(meta, config, run->policy.name));
+      }
       std::vector<DeviceInfo> devices = recorded.sources()[i].device_infos;
       for (auto& d : devices) {
         // The replayed cap: the policy's limit on the simulated device.

@@ -1,12 +1,14 @@
 // `cupool replay`: the recorded allocations and frees driven through policies on simulated
-// devices (policy/sim_upstream.h), with the pool code the shim runs (policy/device_pool.h). The
-// replayed pools' events go into one Analysis per policy: the same numbers as `report`.
+// devices (policy/sim_upstream.h), each recorded process by the object the shim runs
+// (ProcessMemory, policy/process_memory.h): its pools, its memory outside them, its cap. The
+// replayed events go into one Analysis per policy: the same numbers as `report`.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -16,16 +18,18 @@
 namespace cupool::tools {
 
 struct ReplayPolicy {
-  std::string name;  // "growth", "preallocate", "passthrough"
+  std::string name;  // "growth", "preallocate", "passthrough", or "recorded"
   Config config;
+  // Each trace under the configuration its header records (decoded as the reader decodes it).
+  bool recorded = false;
 };
 
 struct ReplayOptions {
   std::vector<ReplayPolicy> policies;
   std::optional<std::uint64_t> capacity;  // every simulated device; else the trace's device total
   static constexpr std::uint64_t kDefaultCapacity = 80ull << 30;  // when the trace names no total
-  // Plain cudaMalloc (passthrough) rounds each allocation up to this.
-  static constexpr std::uint64_t kPassthroughGranularity = 512;
+  // The simulated devices place each reservation at this granularity (plain cudaMalloc's).
+  static constexpr std::uint64_t kDeviceGranularity = 512;
 };
 
 class Replayer final : public EventVisitor {
@@ -40,6 +44,8 @@ class Replayer final : public EventVisitor {
   const std::vector<std::unique_ptr<Run>>& runs() const { return runs_; }
   const Analysis& analysis(std::size_t run) const;
   const ReplayPolicy& policy(std::size_t run) const;
+  // The configuration a run replayed trace `source` under (the recorded one for "recorded").
+  Config config(std::size_t run, std::size_t source) const;
   std::uint64_t capacity(int device) const;   // what the simulated device had
   std::uint64_t skipped() const { return skipped_; }  // allocations not replayed (size 0)
 
@@ -49,6 +55,7 @@ class Replayer final : public EventVisitor {
   std::map<int, std::uint64_t> capacities_;
   std::uint64_t skipped_ = 0;
   bool started_ = false;
+  std::set<std::size_t> streams_seen_;  // traces whose process created a stream
 };
 
 }  // namespace cupool::tools

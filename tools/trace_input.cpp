@@ -3,7 +3,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
+
+#include "options.h"
 
 namespace cupool::tools {
 
@@ -15,26 +16,10 @@ std::string TraceMeta::label() const {
 }
 
 std::uint64_t TraceMeta::cap(int device, std::uint64_t device_total) const {
-  auto resolve = [&](const nlohmann::json& spec) -> std::optional<std::uint64_t> {
-    if (spec.is_number_unsigned() || spec.is_number_integer()) return spec.get<std::uint64_t>();
-    if (spec.is_object() && spec.contains("bytes") && spec["bytes"].is_number_unsigned())
-      return spec["bytes"].get<std::uint64_t>();
-    if (spec.is_object() && spec.contains("percent") && spec["percent"].is_number())
-      return static_cast<std::uint64_t>(static_cast<double>(device_total) * spec["percent"].get<double>() / 100.0);
-    return std::nullopt;
-  };
-  const auto limit = nlohmann::json::parse(limit_json.empty() ? "null" : limit_json, nullptr, false);
-  std::optional<std::uint64_t> cap;
-  if (limit.is_object()) {
-    if (auto d = limit.find("devices"); d != limit.end() && d->is_object()) {
-      if (auto s = d->find(std::to_string(device)); s != d->end()) cap = resolve(*s);
-    }
-    if (!cap) {
-      if (auto a = limit.find("all"); a != limit.end()) cap = resolve(*a);
-    }
-  }
-  if (cap && device_total) return std::min(*cap, device_total);
-  return cap ? *cap : device_total;
+  const std::optional<SizeSpec> limit = config ? config->limit.for_device(device) : std::nullopt;
+  if (!limit) return device_total;
+  const std::uint64_t cap = limit->resolve(device_total);
+  return device_total ? std::min(cap, device_total) : cap;
 }
 
 TraceInput::TraceInput(const std::string& path) {
@@ -45,11 +30,12 @@ TraceInput::TraceInput(const std::string& path) {
   const auto& h = reader_->header();
   meta_.pid = h.pid;
   meta_.cmdline = h.cmdline;
-  const nlohmann::json& config = h.config;
-  if (config.is_object()) {
-    meta_.policy = config.value("policy", "");
-    meta_.free_mode = config.value("free", "");
-    if (auto l = config.find("limit"); l != config.end()) meta_.limit_json = l->dump();
+  meta_.format_major = h.major;
+  meta_.format_minor = h.minor;
+  meta_.config = decode_config(h.config, &meta_.config_error);
+  if (meta_.config) {
+    meta_.policy = policy_name(meta_.config->policy);
+    meta_.free_mode = free_mode_name(meta_.config->free_mode);
   }
 }
 

@@ -18,9 +18,13 @@ struct TraceMeta {
   std::string path;                  // as given on the command line (bad UTF-8 replaced)
   std::int64_t pid = 0;
   std::vector<std::string> cmdline;
-  std::string policy;                // from the recorded configuration ("" when absent)
+  int format_major = 0, format_minor = 0;  // the trace format version of the header
+  // The recorded configuration, decoded by the code that reads every header (decode_config);
+  // nothing when the header's is not one this version knows (config_error says why).
+  std::optional<Config> config;
+  std::string config_error;
+  std::string policy;                // config's policy and free mode by name ("" when unknown)
   std::string free_mode;
-  std::string limit_json;            // the recorded CUPOOL_LIMIT as JSON text ("null": none)
   std::string label() const;         // "pid 1234 python train.py"
   // The cap on `device`: the recorded limit resolved against the device total, else the total.
   std::uint64_t cap(int device, std::uint64_t device_total) const;

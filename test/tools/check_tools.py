@@ -184,9 +184,10 @@ def cmd_replay(opts):
               f"growth fragmentation at peak {gd['fragmentation']['at_peak_in_use']} != 1/7")
         check(g["growth"]["oom_count"] == 0 and g["growth"]["first_failure"] is None, "growth ran out of memory")
         pd = g["passthrough"]["devices"][0]
-        check(pd["chunks_taken"] == 3 and pd["chunk_bytes_taken"] == 6 * MiB, f"passthrough taken: {pd}")
-        check(pd["chunks_returned"] == 1 and pd["chunk_bytes_returned"] == 1 * MiB, f"passthrough returned: {pd}")
-        check(pd["peak_reserved"] == 5 * MiB, f"passthrough peak reserved {pd['peak_reserved']} != 5 MiB")
+        # Passthrough, as the library runs it: each allocation held on its own at its exact size,
+        # outside any pool (no chunks), so reserved is what is live: 1 + 3, then 3 + 2 MiB.
+        check(pd["chunks_taken"] == 0 and pd["chunks_returned"] == 0, f"passthrough took chunks: {pd}")
+        check(pd["peak_reserved"] == 5 * MiB and pd["peak_in_use"] == 5 * MiB, f"passthrough peaks: {pd}")
         check(r["out_of_memory"] is False, "out_of_memory should be false")
 
         # A 6 MiB device: growth still fits (4 + 2 MiB chunk when 8 does not fit? the pool
@@ -214,8 +215,8 @@ def cmd_replay(opts):
               f"interleaved report: {dev['unmatched_frees']} unmatched frees, peak requested {dev['peak_requested']}")
         r = json.loads(cupool("replay", "--json", "interleaved.jsonl", "--policy", "passthrough", check_rc=0).stdout)
         pd = r["policies"][0]["devices"][0]
-        check(pd["chunks_returned"] == 1 and pd["peak_reserved"] == 2 * MiB,
-              f"interleaved replay: returned {pd['chunks_returned']}, peak reserved {pd['peak_reserved']}")
+        check(pd["peak_reserved"] == 2 * MiB and pd["failed_allocs"] == 0,
+              f"interleaved replay: peak reserved {pd['peak_reserved']}, {pd['failed_allocs']} failed")
         # Bad options are usage errors.
         p = cupool("replay", "replay.jsonl", "--policy", "bogus", check_rc=2)
         check("CUPOOL_POLICY" in p.stderr, "bad policy message names CUPOOL_POLICY: " + p.stderr)

@@ -251,6 +251,9 @@ TEST_CASE("every field of every kind of event round-trips", "[trace]") {
       r.has_flags = (k + o) % 2 == 0;
       r.flags = r.has_flags ? 1 : 0;
       r.recycled = o == 1;
+      r.has_handle = k % 3 == 0;
+      r.handle = r.has_handle ? ~0ull - 7 : 0;
+      r.offset = r.has_handle ? static_cast<std::uint64_t>(k) << 21 : 0;
       records.push_back(r);
       w->record(r);
     }
