@@ -94,7 +94,6 @@ DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, EventS
   step_ = std::max<std::uint64_t>(round_up(std::max<std::uint64_t>(cfg_.growth_chunk, 1), kChunkGranularity),
                                   kChunkGranularity);
   deferred_ = cfg_.free_mode == FreeMode::deferred;
-  pending_.reserve(kBatchBlocks);
 }
 
 DevicePool::~DevicePool() {
@@ -153,7 +152,7 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
   else if (tc != nullptr)
     reclaim_large_locked(tc);  // before allocating, so that it can coalesce and serve this
   if (cfg_.release_idle_ns) check_idle(lk);
-  if (deferred_ && batch_full() && seal_due(now())) {
+  if (deferred_ && quarantine_.open_full() && quarantine_.seal_due(now())) {
     seal_pending();  // a full batch that frees left open (they seal at most once an interval)
     retire_ready();
   }
@@ -181,24 +180,20 @@ AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
 bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
   if (up_.capturing()) return false;  // a wait for uncaptured work is not the program's to make now
   if (seal_first) seal_pending();
-  std::size_t i = batch_head_;
-  while (i < batches_.size() && batches_[i].taken) ++i;  // another thread waits on those
-  if (i == batches_.size()) {
+  bool all_taken = false;
+  Quarantine::Batch* b = quarantine_.oldest_untaken(&all_taken);
+  if (b == nullptr) {
     // Every sealed fence is being waited on by another thread: wait for the first of them to
     // retire its batches (giving up here would refuse memory that is about to come back).
-    if (bounding || i == batch_head_) return false;
-    const std::uint64_t head = batches_[batch_head_].seq;
-    fence_cv_.wait(lk, [&] { return abandoned_ || batch_head_ == batches_.size() || batches_[batch_head_].seq != head; });
+    if (bounding || !all_taken) return false;
+    const std::uint64_t head = quarantine_.oldest_seq();
+    fence_cv_.wait(lk, [&] { return abandoned_ || quarantine_.oldest_seq() != head; });
     return !abandoned_;
   }
-  if (bounding) {
-    const std::uint64_t t = now();
-    const Batch& b = batches_[i];
-    if (!b.from_free || !interval_passed(b.sealed_ns, t)) return false;
-  }
-  batches_[i].taken = true;  // nobody else polls or waits on a fence the upstream will forget
-  const FenceId fence = batches_[i].fence;
-  const std::uint64_t seq = batches_[i].seq;
+  if (bounding && (!b->from_free || !Quarantine::interval_passed(b->sealed_ns, now()))) return false;
+  b->taken = true;  // nobody else polls or waits on a fence the upstream will forget
+  const FenceId fence = b->fence;
+  const std::uint64_t seq = b->seq;
   lk.unlock();
   up_.wait_fence(fence);
   lk.lock();
@@ -245,7 +240,7 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
   const std::uint64_t bytes = round_up(size, Suballocator::kAlignment);
   Grow last{0, trace::OomClass::limit, 0};
 
-  if (!quarantine_empty()) {
+  if (!quarantine_.empty()) {
     seal_pending();
     retire_ready();
     if (std::uint64_t p = sub_.allocate(bytes)) return {p};
@@ -518,7 +513,7 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::P
     // stream), and on the H200 such calls took about 1.7 us each while the device was busy, so
     // sealing at every 64 MiB freed made the host, not the device, set a training step's pace.
     // Frees seal at most once per kSealIntervalNs; an allocation that misses seals at once.
-    if (deferred_ && batch_full() && seal_due(now())) {
+    if (deferred_ && quarantine_.open_full() && quarantine_.seal_due(now())) {
       seal_pending(true);
       retire_ready();
     }
@@ -624,7 +619,7 @@ std::uint64_t DevicePool::reclaim_caches_locked(ThreadCache* only) {
       give_back_locked(ptr);
     });
   }
-  if (!pending_.empty()) {
+  if (quarantine_.has_open()) {
     seal_pending();
     retire_ready();
   }
@@ -642,10 +637,7 @@ void DevicePool::reclaim_large_locked(ThreadCache* cache) {
 // Holds a live block and adds it to the open batch (sealed behind a fence later).
 Suballocator::FreeStatus DevicePool::quarantine_locked(std::uint64_t ptr, std::size_t* size) {
   const auto st = sub_.hold(ptr, size);
-  if (st != Suballocator::FreeStatus::freed) return st;
-  if (pending_.capacity() == 0) pending_.reserve(kBatchBlocks);
-  pending_.push_back(ptr);
-  pending_bytes_ += *size;
+  if (st == Suballocator::FreeStatus::freed) quarantine_.hold(ptr, *size);
   return st;
 }
 
@@ -699,69 +691,30 @@ void DevicePool::check_idle(Lock& lk) {
   if (t >= idle) release_free_chunks(lk, false, t - idle);
 }
 
-// Frees seal at most once per kSealIntervalNs (never sealed yet, or a clock that went back: due).
-bool DevicePool::seal_due(std::uint64_t t) const {
-  return last_seal_ns_ == kNever || t < last_seal_ns_ || interval_passed(last_seal_ns_, t);
-}
-
 void DevicePool::seal_pending(bool from_free) {
-  if (pending_.empty() || up_.capturing()) return;  // the open batch is sealed once the capture ends
-  last_seal_ns_ = now();
-  Batch b;
-  b.sealed_ns = last_seal_ns_;
-  b.from_free = from_free;
-  b.fence = up_.place_fence();
-  b.seq = ++batch_seq_;
-  b.bytes = pending_bytes_;
-  b.blocks.swap(pending_);
-  if (!spare_.empty()) {
-    pending_.swap(spare_.back());
-    spare_.pop_back();
-  }
-  pending_bytes_ = 0;
-  batches_.push_back(std::move(b));
+  if (!quarantine_.has_open() || up_.capturing()) return;  // the open batch is sealed once the capture ends
+  quarantine_.seal(up_.place_fence(), now(), from_free);
 }
 
-// Fences retire in order: poll from the oldest until one has not retired; a retired fence
-// proves every older batch reusable, including those another thread is still waiting on.
+// Fences retire in order: polled from the oldest; a poll is a query, not made during a capture.
 void DevicePool::retire_ready() {
-  if (batch_head_ == batches_.size() || up_.capturing()) return;  // a poll is a query: not during a capture
-  std::size_t i = batch_head_;
-  while (i < batches_.size()) {
-    if (batches_[i].taken) {  // its fence belongs to a waiting thread: look further
-      ++i;
-      continue;
-    }
-    if (!up_.fence_retired(batches_[i].fence)) return;
-    const std::uint64_t seq = batches_[i].seq;
-    retire_through(seq);
-    i = batch_head_;
-  }
+  if (quarantine_.no_sealed() || up_.capturing()) return;
+  quarantine_.retire_ready([&](FenceId f) { return up_.fence_retired(f); },
+                           [&](const Quarantine::Batch& b) { release_batch(b); });
 }
 
-// A retired fence proves every batch up to it (by sequence) reusable.
 void DevicePool::retire_through(std::uint64_t seq) {
-  while (batch_head_ < batches_.size() && batches_[batch_head_].seq <= seq) retire_front();
+  quarantine_.retire_through(seq, [&](const Quarantine::Batch& b) { release_batch(b); });
 }
 
-void DevicePool::retire_front() {
-  Batch& b = batches_[batch_head_];
-  std::uint64_t t0 = now();
+// A retired batch's blocks are free again.
+void DevicePool::release_batch(const Quarantine::Batch& b) {
+  const std::uint64_t t0 = now();
   for (std::uint64_t p : b.blocks) {
     Suballocator::FreeInfo info;
     if (sub_.release_held(p, &info)) note_free(info);
   }
   emit(trace::EventKind::fence_retired, b.bytes, 0, t0, now() - t0);
-  b.blocks.clear();
-  spare_.push_back(std::move(b.blocks));
-  ++batch_head_;
-  if (batch_head_ == batches_.size()) {
-    batches_.clear();
-    batch_head_ = 0;
-  } else if (batch_head_ >= 64 && batch_head_ * 2 >= batches_.size()) {
-    batches_.erase(batches_.begin(), batches_.begin() + static_cast<std::ptrdiff_t>(batch_head_));
-    batch_head_ = 0;
-  }
 }
 
 // ---- queries ---------------------------------------------------------------------------------------
@@ -870,7 +823,7 @@ bool DevicePool::try_charge_external(std::size_t bytes) {
       given_back = true;
       reclaim_caches_locked();
       retire_ready();
-      while (!quarantine_empty() && wait_oldest_fence(lk, true)) {
+      while (!quarantine_.empty() && wait_oldest_fence(lk, true)) {
       }
       release_free_chunks(lk, false, kNever);
       continue;
@@ -928,10 +881,7 @@ void DevicePool::abandon() {
   publish_ranges_locked();
   reservations_.clear();
   idle_since_.clear();
-  pending_.clear();
-  pending_bytes_ = 0;
-  batches_.clear();
-  batch_head_ = 0;
+  quarantine_.clear();
   external_ = 0;
   prealloc_chunk_ = Suballocator::kNoChunk;
   next_idle_check_ = kNever;

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config.h"
+#include "quarantine.h"
 #include "event_sink.h"
 #include "spin_lock.h"  // where the pool reports grow, release, fence_retired, oom
 #include "suballocator.h"
@@ -92,9 +93,8 @@ class DevicePool {
   std::uint64_t thread_cached() const;
 
   static constexpr std::size_t kChunkGranularity = 2u << 20;
-  static constexpr std::size_t kBatchBlocks = 64;          // deferred free: a fence per this many blocks...
-  static constexpr std::size_t kBatchBytes = 64u << 20;    // ...or this many bytes...
-  static constexpr std::uint64_t kSealIntervalNs = 1'000'000;  // ...at most once a millisecond from frees
+  // Deferred free: a fence per Quarantine::kBatchBlocks blocks or kBatchBytes bytes, at most once
+  // per kSealIntervalNs from frees (policy/quarantine.h).
   // Deferred free: an allocation waits for the oldest fences while the quarantine holds more than
   // an eighth of the reserved bytes, and at least this much.
   static constexpr std::uint64_t kQuarantineFloor = 256ull << 20;
@@ -103,15 +103,6 @@ class DevicePool {
   struct Reservation {  // what the upstream gave, by suballocator chunk id
     std::uint64_t base = 0;
     std::size_t size = 0;
-  };
-  struct Batch {  // deferred frees behind one fence
-    FenceId fence = 0;
-    std::uint64_t seq = 0;     // batches are sealed, fenced and retired in this order
-    bool taken = false;        // a thread waits on its fence outside the lock
-    std::uint64_t sealed_ns = 0;  // when it was sealed (the pool's clock)
-    bool from_free = false;       // sealed by a free: covers no work issued after a free
-    std::vector<std::uint64_t> blocks;
-    std::uint64_t bytes = 0;
   };
   struct Grow {
     std::uint64_t ptr = 0;
@@ -179,15 +170,9 @@ class DevicePool {
   void note_free(const Suballocator::FreeInfo& info);
   void check_idle(Lock& lk);
   void seal_pending(bool from_free = false);
-  bool seal_due(std::uint64_t t) const;
-  bool batch_full() const { return pending_.size() >= kBatchBlocks || pending_bytes_ >= kBatchBytes; }
-  static bool interval_passed(std::uint64_t since, std::uint64_t t) {
-    return t >= since && t - since >= kSealIntervalNs;
-  }
   void retire_through(std::uint64_t seq);
   void retire_ready();
-  void retire_front();
-  bool quarantine_empty() const { return pending_.empty() && batch_head_ == batches_.size(); }
+  void release_batch(const Quarantine::Batch& b);
 
   const Config cfg_;
   const int device_;
@@ -224,13 +209,7 @@ class DevicePool {
 
   // deferred free
   bool deferred_ = false;
-  std::vector<std::uint64_t> pending_;       // held blocks not yet behind a fence
-  std::uint64_t pending_bytes_ = 0;
-  std::uint64_t last_seal_ns_ = ~std::uint64_t{0};  // when the open batch was last sealed (all ones: never)
-  std::vector<Batch> batches_;               // FIFO from batch_head_
-  std::size_t batch_head_ = 0;
-  std::uint64_t batch_seq_ = 0;
-  std::vector<std::vector<std::uint64_t>> spare_;  // recycled block lists: no allocation when warm
+  Quarantine quarantine_;  // under mu_
 
   // thread caches
   const std::uint64_t id_;                          // unique for the process's lifetime

@@ -520,21 +520,21 @@ TEST_CASE("pool: deferred free", "[pool]") {
     FakeClock clock;
     pool.set_clock(&FakeClock::read, &clock);
     std::vector<std::uint64_t> p;
-    for (std::size_t i = 0; i < DevicePool::kBatchBlocks * 2; ++i) p.push_back(pool.allocate(4096).ptr);
+    for (std::size_t i = 0; i < Quarantine::kBatchBlocks * 2; ++i) p.push_back(pool.allocate(4096).ptr);
     for (std::size_t i = 0; i < p.size(); ++i) {
-      if (i == DevicePool::kBatchBlocks) clock.t += DevicePool::kSealIntervalNs;
+      if (i == Quarantine::kBatchBlocks) clock.t += Quarantine::kSealIntervalNs;
       pool.deallocate(p[i]);
     }
     CHECK(up.counters().fences_placed == 2);
-    CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 2 * 4096);
+    CHECK(pool.state().quarantined == Quarantine::kBatchBlocks * 2 * 4096);
     up.complete_all();
-    clock.t += DevicePool::kSealIntervalNs;
+    clock.t += Quarantine::kSealIntervalNs;
     // The next seal polls the oldest fences and frees their blocks.
     std::vector<std::uint64_t> q;
-    for (std::size_t i = 0; i < DevicePool::kBatchBlocks; ++i) q.push_back(pool.allocate(4096).ptr);
+    for (std::size_t i = 0; i < Quarantine::kBatchBlocks; ++i) q.push_back(pool.allocate(4096).ptr);
     for (auto x : q) pool.deallocate(x);
     CHECK(up.counters().fences_placed == 3);
-    CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 4096);
+    CHECK(pool.state().quarantined == Quarantine::kBatchBlocks * 4096);
     CHECK(pool.state().reserved == 32 * MiB);
   }
   SECTION("frees seal at most once per interval; a miss seals at once") {
@@ -546,9 +546,9 @@ TEST_CASE("pool: deferred free", "[pool]") {
     std::vector<std::uint64_t> p;
     for (std::size_t i = 0; i < 256; ++i) p.push_back(pool.allocate(kBlock).ptr);
     REQUIRE(p.back() != 0);
-    for (std::size_t i = 0; i < DevicePool::kBatchBlocks * 3; ++i) pool.deallocate(p[i]);  // within one interval
+    for (std::size_t i = 0; i < Quarantine::kBatchBlocks * 3; ++i) pool.deallocate(p[i]);  // within one interval
     CHECK(up.counters().fences_placed == 1);
-    CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 3 * kBlock);
+    CHECK(pool.state().quarantined == Quarantine::kBatchBlocks * 3 * kBlock);
     // The chunk is full: this allocation misses and seals what is pending behind a second fence
     // (the simulated device still has work, so that one stays open); the first fence has retired,
     // so its blocks serve the allocation without growing or waiting.
@@ -556,7 +556,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
     CHECK(pool.allocate(kBlock).ptr != 0);
     CHECK(up.counters().fences_placed == 2);
     CHECK(up.counters().fence_waits == 0);
-    CHECK(pool.state().quarantined == DevicePool::kBatchBlocks * 2 * kBlock);
+    CHECK(pool.state().quarantined == Quarantine::kBatchBlocks * 2 * kBlock);
     CHECK(pool.state().reserved == 32 * MiB);
   }
   SECTION("a quarantine past its bound makes allocations wait for old fences, not new ones") {
@@ -577,14 +577,14 @@ TEST_CASE("pool: deferred free", "[pool]") {
     CHECK(up.counters().fence_waits == 0);
     CHECK(up.counters().fences_placed == 1);
     // An interval later the allocation seals the full open batch, then waits for the free's fence.
-    clock.t += DevicePool::kSealIntervalNs + 1;
+    clock.t += Quarantine::kSealIntervalNs + 1;
     CHECK(pool.allocate(4096).ptr != 0);
     CHECK(up.counters().fence_waits == 1);
     CHECK(up.counters().fences_placed == 2);
     CHECK(pool.state().quarantined == 448 * MiB);
     // A fence sealed at an allocation may cover work issued after the frees: the bound never
     // waits for it, however old; it retires when the device has passed it.
-    clock.t += 10 * DevicePool::kSealIntervalNs;
+    clock.t += 10 * Quarantine::kSealIntervalNs;
     CHECK(pool.allocate(4096).ptr != 0);
     CHECK(up.counters().fence_waits == 1);
     CHECK(pool.state().quarantined == 448 * MiB);
@@ -608,12 +608,12 @@ TEST_CASE("pool: deferred free", "[pool]") {
     REQUIRE(pool.allocate(4096).ptr != 0);
     pool.deallocate(p[0]);
     CHECK(up8.counters().fences_placed == 1);
-    clock.t += DevicePool::kSealIntervalNs;
+    clock.t += Quarantine::kSealIntervalNs;
     pool.deallocate(p[1]);
     CHECK(up8.counters().fences_placed == 2);
     CHECK(pool.state().quarantined == 1024 * MiB);
     // 1 GiB held, past 512 MiB: the oldest fence goes (old enough), then the quarantine is within.
-    clock.t += DevicePool::kSealIntervalNs;
+    clock.t += Quarantine::kSealIntervalNs;
     CHECK(pool.allocate(4096).ptr != 0);
     CHECK(up8.counters().fence_waits == 1);
     CHECK(pool.state().quarantined == 512 * MiB);
@@ -621,7 +621,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
   SECTION("large frees seal a batch by bytes") {
     up.set_pending_work(true);
     DevicePool pool(cfg, 0, up, &sink);
-    pool.deallocate(pool.allocate(DevicePool::kBatchBytes).ptr);
+    pool.deallocate(pool.allocate(Quarantine::kBatchBytes).ptr);
     CHECK(up.counters().fences_placed == 1);
   }
 }
