@@ -86,7 +86,9 @@ bool scale(const Decimal& d, std::uint64_t unit, std::uint64_t& out) {
   return !__builtin_add_overflow(whole, part, &out);
 }
 
-constexpr std::string_view kSizeAccepted =
+}  // namespace
+
+const std::string_view kSizeAccepted =
     "bytes, or a number (fractions allowed) with B, K, KB, KiB, M, MB, MiB, G, GB, GiB, T, TB, TiB "
     "(all 1024-based)";
 
@@ -123,6 +125,42 @@ bool parse_size(std::string_view v, std::uint64_t& out, std::string& why) {
   why = "unknown unit " + quoted(suffix);
   return false;
 }
+
+const std::string_view kDurationAccepted = "a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)";
+
+bool parse_duration(std::string_view v, std::uint64_t& ns, std::string& why) {
+  v = trim(v);
+  Decimal d;
+  if (!take_decimal(v, d, why)) {
+    if (why.empty()) why = "not a duration";
+    return false;
+  }
+  const std::string_view unit = trim(v);
+  struct Unit { std::string_view name; std::uint64_t ns; };
+  static constexpr Unit kUnits[] = {{"ns", 1},
+                                    {"us", 1'000},
+                                    {"ms", 1'000'000},
+                                    {"s", 1'000'000'000},
+                                    {"m", 60'000'000'000},
+                                    {"min", 60'000'000'000},
+                                    {"h", 3'600'000'000'000}};
+  if (unit.empty()) {
+    why = "a duration needs a unit";
+    return false;
+  }
+  for (const auto& u : kUnits) {
+    if (!iequals(unit, u.name)) continue;
+    if (!scale(d, u.ns, ns)) {
+      why = "the duration is too long";
+      return false;
+    }
+    return true;
+  }
+  why = "unknown unit " + quoted(unit);
+  return false;
+}
+
+namespace {
 
 // "50%", "12.5%": 0 < p <= 100.
 bool parse_percent(std::string_view v, double& out, std::string& why) {
@@ -274,27 +312,11 @@ std::optional<std::string> parse_release(std::string_view v, Config& c) {
     c.release_idle_ns.reset();
     return std::nullopt;
   }
-  Decimal d;
+  std::uint64_t ns = 0;
   std::string why;
-  if (!take_decimal(v, d, why)) return why.empty() ? std::string("not a duration") : why;
-  const std::string_view unit = trim(v);
-  struct Unit { std::string_view name; std::uint64_t ns; };
-  static constexpr Unit kUnits[] = {{"ns", 1},
-                                    {"us", 1'000},
-                                    {"ms", 1'000'000},
-                                    {"s", 1'000'000'000},
-                                    {"m", 60'000'000'000},
-                                    {"min", 60'000'000'000},
-                                    {"h", 3'600'000'000'000}};
-  if (unit.empty()) return std::string("a duration needs a unit");
-  for (const auto& u : kUnits) {
-    if (!iequals(unit, u.name)) continue;
-    std::uint64_t ns;
-    if (!scale(d, u.ns, ns)) return std::string("the duration is too long");
-    c.release_idle_ns = ns;
-    return std::nullopt;
-  }
-  return "unknown unit " + quoted(unit);
+  if (!parse_duration(v, ns, why)) return why;
+  c.release_idle_ns = ns;
+  return std::nullopt;
 }
 
 std::optional<std::string> parse_trace(std::string_view v, Config& c) {

@@ -90,6 +90,15 @@ std::optional<std::string> check_trace_path(const std::string& path);
 // exactly this text; a unit test checks it.
 std::string options_markdown();
 
+// A size: "8GiB", "1.5G", "4096", "64 MiB" (units 1024-based; kSizeAccepted says which). False,
+// with why, when it is not one. The one size parser: the CUPOOL_* options and the cupool command.
+bool parse_size(std::string_view text, std::uint64_t& out, std::string& why);
+extern const std::string_view kSizeAccepted;
+// A duration: "30s", "500ms", "2m" (kDurationAccepted says which units), in ns. The one duration
+// parser, likewise.
+bool parse_duration(std::string_view text, std::uint64_t& ns, std::string& why);
+extern const std::string_view kDurationAccepted;
+
 // Helpers shared with the trace writer and the tests.
 // "8GiB" when `bytes` is a whole number of a binary unit, else the plain number ("1000").
 std::string format_size(std::uint64_t bytes);

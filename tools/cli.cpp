@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "options.h"
 #include "units.h"
 
 namespace cupool::tools {
@@ -72,71 +73,24 @@ std::vector<std::string> Args::values(std::string_view name) const {
   return out;
 }
 
-namespace {
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (char& c : out)
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-  return out;
-}
-
-// A non-negative decimal number at the front of `text`; the rest is left in `rest`.
-bool take_number(std::string_view text, long double& value, std::string_view& rest) {
-  std::size_t i = 0;
-  bool digits = false;
-  while (i < text.size() && text[i] == ' ') ++i;
-  const std::size_t start = i;
-  while (i < text.size() && ((text[i] >= '0' && text[i] <= '9') || text[i] == '.')) {
-    digits = digits || text[i] != '.';
-    ++i;
-  }
-  if (!digits) return false;
-  try {
-    value = std::stold(std::string(text.substr(start, i - start)));
-  } catch (...) {
-    return false;
-  }
-  rest = text.substr(i);
-  while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
-  return true;
-}
-
-}  // namespace
 
 std::uint64_t parse_size(std::string_view text, std::string_view option) {
-  long double v = 0;
-  std::string_view rest;
-  const std::string bad = std::string(option) + ": \"" + std::string(text) +
-                          "\" is not a size (bytes, or a number with K, KiB, M, MiB, G, GiB, T, TiB)";
-  if (!take_number(text, v, rest)) throw UsageError(bad);
-  const std::string unit = lower(rest);
-  long double scale;
-  if (unit.empty() || unit == "b") scale = 1;
-  else if (unit == "k" || unit == "kb" || unit == "kib") scale = 1024.0L;
-  else if (unit == "m" || unit == "mb" || unit == "mib") scale = 1024.0L * 1024;
-  else if (unit == "g" || unit == "gb" || unit == "gib") scale = 1024.0L * 1024 * 1024;
-  else if (unit == "t" || unit == "tb" || unit == "tib") scale = 1024.0L * 1024 * 1024 * 1024;
-  else throw UsageError(bad);
-  const long double bytes = v * scale;
-  if (bytes >= 1.8e19L) throw UsageError(std::string(option) + ": \"" + std::string(text) + "\" is too large");
-  return static_cast<std::uint64_t>(bytes);
+  std::uint64_t bytes = 0;
+  std::string why;
+  if (!cupool::parse_size(text, bytes, why))
+    throw UsageError(std::string(option) + ": \"" + std::string(text) + "\" is not a size (" + why + "; accepted: " +
+                     std::string(kSizeAccepted) + ")");
+  return bytes;
 }
 
 std::uint64_t parse_duration_ns(std::string_view text, std::string_view option) {
-  long double v = 0;
-  std::string_view rest;
-  const std::string bad = std::string(option) + ": \"" + std::string(text) +
-                          "\" is not a duration (a number with ns, us, ms or s)";
-  if (!take_number(text, v, rest)) throw UsageError(bad);
-  const std::string unit = lower(rest);
-  long double scale;
-  if (unit.empty() || unit == "ns") scale = 1;
-  else if (unit == "us") scale = 1e3L;
-  else if (unit == "ms") scale = 1e6L;
-  else if (unit == "s") scale = 1e9L;
-  else throw UsageError(bad);
-  return static_cast<std::uint64_t>(v * scale);
+  if (text == "0") return 0;  // zero needs no unit
+  std::uint64_t ns = 0;
+  std::string why;
+  if (!cupool::parse_duration(text, ns, why))
+    throw UsageError(std::string(option) + ": \"" + std::string(text) + "\" is not a duration (" + why +
+                     "; accepted: 0, or " + std::string(kDurationAccepted) + ")");
+  return ns;
 }
 
 std::string human_size(std::uint64_t bytes) { return human_bytes(bytes); }
