@@ -92,41 +92,41 @@ namespace {
 constexpr int kRuntimeAbiVersion = CUDART_VERSION;
 }  // namespace
 
+namespace {
+// The four cudaGetDriverEntryPoint flavours: the real lookup, then cupool's wrapper for what it
+// found. `version`: the driver ABI asked for (the runtime's own for the unversioned ones).
+template <typename Real, typename... Args>
+cudaError_t entry_point(Real real, const char* symbol, void** funcPtr, int version, unsigned long long flags,
+                        Args... args) {
+  if (real == nullptr) return cudaErrorSymbolNotFound;
+  const cudaError_t rc = real(symbol, funcPtr, args...);
+  if (rc == cudaSuccess) redirect(symbol, version, flags, funcPtr, trace::Path::entry_point);
+  return rc;
+}
+}  // namespace
+
 cudaError_t cudaGetDriverEntryPoint(trace::Path, const char* symbol, void** funcPtr, unsigned long long flags,
                                     cudaDriverEntryPointQueryResult* status) {
-  auto real = CUPOOL_REAL(cudaGetDriverEntryPoint);
-  if (real == nullptr) return cudaErrorSymbolNotFound;
-  cudaError_t rc = real(symbol, funcPtr, flags, status);
-  if (rc == cudaSuccess) redirect(symbol, kRuntimeAbiVersion, flags, funcPtr, trace::Path::entry_point);
-  return rc;
+  return entry_point(CUPOOL_REAL(cudaGetDriverEntryPoint), symbol, funcPtr, kRuntimeAbiVersion, flags, flags, status);
 }
 
 cudaError_t cudaGetDriverEntryPoint_ptsz(trace::Path, const char* symbol, void** funcPtr, unsigned long long flags,
                                          cudaDriverEntryPointQueryResult* status) {
-  auto real = CUPOOL_REAL(cudaGetDriverEntryPoint_ptsz);
-  if (real == nullptr) return cudaErrorSymbolNotFound;
-  cudaError_t rc = real(symbol, funcPtr, flags, status);
-  if (rc == cudaSuccess) redirect(symbol, kRuntimeAbiVersion, flags, funcPtr, trace::Path::entry_point);
-  return rc;
+  return entry_point(CUPOOL_REAL(cudaGetDriverEntryPoint_ptsz), symbol, funcPtr, kRuntimeAbiVersion, flags, flags,
+                     status);
 }
 
 cudaError_t cudaGetDriverEntryPointByVersion(trace::Path, const char* symbol, void** funcPtr, unsigned int version,
                                              unsigned long long flags, cudaDriverEntryPointQueryResult* status) {
-  auto real = CUPOOL_REAL(cudaGetDriverEntryPointByVersion);
-  if (real == nullptr) return cudaErrorSymbolNotFound;
-  cudaError_t rc = real(symbol, funcPtr, version, flags, status);
-  if (rc == cudaSuccess) redirect(symbol, static_cast<int>(version), flags, funcPtr, trace::Path::entry_point);
-  return rc;
+  return entry_point(CUPOOL_REAL(cudaGetDriverEntryPointByVersion), symbol, funcPtr, static_cast<int>(version), flags,
+                     version, flags, status);
 }
 
 cudaError_t cudaGetDriverEntryPointByVersion_ptsz(trace::Path, const char* symbol, void** funcPtr,
                                                   unsigned int version, unsigned long long flags,
                                                   cudaDriverEntryPointQueryResult* status) {
-  auto real = CUPOOL_REAL(cudaGetDriverEntryPointByVersion_ptsz);
-  if (real == nullptr) return cudaErrorSymbolNotFound;
-  cudaError_t rc = real(symbol, funcPtr, version, flags, status);
-  if (rc == cudaSuccess) redirect(symbol, static_cast<int>(version), flags, funcPtr, trace::Path::entry_point);
-  return rc;
+  return entry_point(CUPOOL_REAL(cudaGetDriverEntryPointByVersion_ptsz), symbol, funcPtr, static_cast<int>(version),
+                     flags, version, flags, status);
 }
 
 }  // namespace cupool::shim::impl

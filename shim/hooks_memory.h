@@ -1,0 +1,143 @@
+// What the memory hooks share (hooks_alloc.cpp, hooks_vmm.cpp): the event each outermost call
+// records, the way to the process's memory (policy/process_memory.h), and the traits that let one
+// body serve a runtime hook and its driver twin.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda_api.h"
+#include "event_clock.h"
+#include "process_memory.h"
+#include "shim_state.h"
+#include "thread_id.h"
+#include "trace_schema.h"
+
+namespace cupool::shim {
+
+// True for one call in kCacheTimingSample, at random: a counter would time only allocs, or only
+// frees, of a program that alternates them. xorshift32 per thread.
+inline bool sampled() {
+  thread_local std::uint32_t x = 0;
+  if (x == 0) x = current_thread_id() << 1 | 1;  // distinct per thread, never 0
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  static_assert((trace::kCacheTimingSample & (trace::kCacheTimingSample - 1)) == 0);
+  return (x & (trace::kCacheTimingSample - 1)) == 0;
+}
+
+// One event, timed from construction; emitted only when tracing.
+struct HookEvent {
+  trace::Record r;
+  bool on = tracing();
+  HookEvent(trace::EventKind kind, const char* api, trace::Path path) {
+    if (!on) return;
+    r.t_ns = EventClock::stamp();  // converted by the trace writer, off this thread
+    r.stamped = true;
+    r.kind = kind;
+    r.api = api;
+    r.path = path;
+  }
+  // Where the pool writes its state after serving the call (nothing when not tracing).
+  trace::PoolState* pool_state() {
+    if (!on) return nullptr;
+    r.has_pool = true;
+    return &r.pool;
+  }
+  void stream(const void* s) {
+    r.has_stream = true;
+    r.stream = reinterpret_cast<std::uintptr_t>(s);
+  }
+  // The pool state, if the pool served the call, is already in r.pool (has_pool set).
+  void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextPool* cp) {
+    if (!on) return;
+    if (r.has_pool && r.pool.cache_delta != 0)  // the thread's cache served it: timed 1 in kCacheTimingSample
+      r.timed_for = sampled() ? trace::kCacheTimingSample : 0;
+    if (r.timed_for != 0) {
+      const std::uint64_t end = EventClock::stamp();
+      r.dur_ns = end - r.t_ns;
+      // `t` orders events across threads: memory is handed out by the time an allocation
+      // returns and given back no earlier than its free was called, so (alloc: end, free:
+      // start) is a consistent order for every reuse of an address. An untimed alloc keeps its
+      // start: its block came from the thread's own cache, where no other thread could reach it.
+      if (trace::timed_at_end(r.kind)) r.t_ns = end;
+    }
+    r.rc = rc;
+    r.size = size;
+    r.ptr = ptr;
+    r.tid = current_thread_id();
+    if (cp) r.device = static_cast<std::int16_t>(cp->device);
+    emit(r);
+  }
+};
+
+inline ProcessMemory& memory() { return process_memory(); }
+inline bool pooled() { return memory().pooled(); }
+
+// The context the runtime would allocate in. Like the runtime's own cudaMalloc, the first call
+// on a thread with no context creates the device's primary context (cudaFree(NULL) does that).
+ContextPool* runtime_pool();
+ContextPool* driver_pool();
+
+// A stream capture in progress forbids this thread "unsafe" calls (cudaMalloc, cudaFree and
+// their driver twins among them): the driver would refuse the program's own call and invalidate
+// the capture. cupool must do the same rather than serve it from a pool.
+bool capture_forbids_here();
+
+// After a refusal of cupool's own in a runtime hook, the runtime's sticky error (cudaGetLastError,
+// cudaPeekAtLastError) must say what the driver's refusal would have left there.
+void set_runtime_last_error_oom();
+
+// A pointer or handle cupool did not hand out and the driver has freed: uncharged if it was counted.
+inline void forget_external(std::uint64_t key, std::uint64_t* bytes, ContextPool** owner) {
+  memory().forget_outside(key, bytes, owner);
+}
+
+// The API a hook implements, as the one body of a runtime hook and its driver twin needs it:
+// its result type and codes, where its context comes from, and what a refusal of cupool's own
+// must leave behind.
+struct RuntimeApi {
+  using Code = cudaError_t;
+  static constexpr Code ok = cudaSuccess;
+  static constexpr Code out_of_memory = cudaErrorMemoryAllocation;
+  static constexpr Code invalid = cudaErrorInvalidValue;
+  static constexpr Code no_library = cudaErrorInitializationError;
+  // cudaMalloc(&p, 0) succeeds with p = NULL (the driver's cuMemAlloc refuses size 0).
+  static constexpr bool zero_size_gives_null = true;
+  static ContextPool* context(std::uint64_t) { return runtime_pool(); }
+  static void refused_here() { set_runtime_last_error_oom(); }
+};
+struct DriverApi {
+  using Code = CUresult;
+  static constexpr Code ok = CUDA_SUCCESS;
+  static constexpr Code out_of_memory = CUDA_ERROR_OUT_OF_MEMORY;
+  static constexpr Code invalid = CUDA_ERROR_INVALID_VALUE;
+  static constexpr Code no_library = CUDA_ERROR_NOT_INITIALIZED;
+  static constexpr bool zero_size_gives_null = false;
+  // No context for size 0: the driver refuses it itself (CUDA_ERROR_INVALID_VALUE).
+  static ContextPool* context(std::uint64_t bytes) { return bytes ? driver_pool() : nullptr; }
+  static void refused_here() {}
+};
+
+// Runs a driver allocation outside the pools (managed, stream-ordered, VMM, arrays, passthrough)
+// through ProcessMemory, which charges the cap first. `call` returns the API's code and leaves
+// the new pointer or handle in *key. A refusal of cupool's own (the cap) is the API's
+// out-of-memory, with what Api::refused_here leaves behind.
+template <typename Api, typename Call>
+typename Api::Code external_allocate(ContextPool* cp, std::uint64_t bytes, const char* api, std::uint64_t* key,
+                                     Call&& call) {
+  typename Api::Code rc = Api::out_of_memory;
+  const OutsideAnswer answer = memory().allocate_outside(cp, bytes, api, [&](std::uint64_t* made) {
+    rc = call();
+    *made = *key;
+    return rc == Api::ok ? OutsideAnswer::ok
+                         : rc == Api::out_of_memory ? OutsideAnswer::out_of_memory : OutsideAnswer::failed;
+  });
+  if (answer == OutsideAnswer::refused_by_cap) {
+    Api::refused_here();
+    return Api::out_of_memory;
+  }
+  return rc;
+}
+
+}  // namespace cupool::shim

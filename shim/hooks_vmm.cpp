@@ -1,0 +1,241 @@
+// Virtual-memory hooks of the driver: cuMemCreate (physical memory, counted against the cap),
+// cuMemRelease, and the address-space and mapping calls. Under growth and preallocate, whole
+// mappings (one handle over one reservation of its size) are recycled by the VMM mapping cache
+// (policy/vmm_cache.h, owned by ProcessMemory): a call it serves makes no driver call and its
+// event says "recycled". Anything else goes to the driver.
+#include <cstring>
+
+#include "hook_table.h"
+#include "hooks_internal.h"
+#include "hooks_memory.h"
+#include "vmm_cache.h"
+
+namespace cupool::shim {
+namespace impl {
+
+using trace::EventKind;
+using trace::Path;
+
+namespace {
+
+VmmCache* vmm_cache() { return memory().vmm_cache(); }
+
+// Packs what must be equal for a mapping to be reused.
+VmmProps pack_props(const CUmemAllocationProp& p) {
+  VmmProps k;
+  k.w[0] = static_cast<std::uint64_t>(p.type) | (static_cast<std::uint64_t>(p.requestedHandleTypes) << 32);
+  k.w[1] = static_cast<std::uint64_t>(p.location.type) |
+           (static_cast<std::uint64_t>(static_cast<std::uint32_t>(p.location.id)) << 32);
+  static_assert(sizeof p.allocFlags <= sizeof k.w[2]);
+  std::memcpy(&k.w[2], &p.allocFlags, sizeof p.allocFlags);
+  k.w[3] = reinterpret_cast<std::uintptr_t>(p.win32HandleMetaData);
+  return k;
+}
+
+VmmAccess pack_access(const CUmemAccessDesc* desc, size_t count) {
+  VmmAccess a;
+  if (desc == nullptr || count == 0 || count > VmmAccess::kMax) {
+    a.count = VmmAccess::kMax + 1;  // never served from the cache
+    return a;
+  }
+  a.count = static_cast<std::uint32_t>(count);
+  for (size_t i = 0; i < count; ++i)
+    a.w[i] = (static_cast<std::uint64_t>(desc[i].location.type) << 48) |
+             (static_cast<std::uint64_t>(static_cast<std::uint16_t>(desc[i].location.id)) << 32) |
+             static_cast<std::uint32_t>(desc[i].flags);
+  return a;
+}
+
+}  // namespace
+
+CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                     unsigned long long flags) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemCreate);
+  if (!scope.outermost() || handle == nullptr) return real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
+  initialize();
+  HookEvent ev(EventKind::vmm_create, "cuMemCreate", path);
+  ContextPool* cp = driver_pool();
+  VmmCache* cache = vmm_cache();
+  // Recycled only on the device of the context, whose fences cover the work that used it.
+  const bool cacheable = cache && cp && prop && flags == 0 && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+                         prop->location.id == cp->device;
+  VmmProps key;
+  if (cacheable) {
+    key = pack_props(*prop);
+    if (const std::uint64_t h = cache->take(cp->upstream, size, key, cp->pool->has_room(size))) {
+      *handle = h;
+      ev.r.recycled = true;
+      ev.done(CUDA_SUCCESS, size, h, cp);
+      return CUDA_SUCCESS;
+    }
+  }
+  std::uint64_t key_handle = 0;
+  CUresult rc = external_allocate<DriverApi>(cp, size, "cuMemCreate", &key_handle, [&] {
+    CUresult r = real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
+    key_handle = *handle;
+    return r;
+  });
+  if (rc == CUDA_SUCCESS && cacheable) cache->created(cp->upstream, key_handle, size, key);
+  if (cp == nullptr && prop) ev.r.device = static_cast<std::int16_t>(prop->location.id);
+  ev.done(rc, size, rc == CUDA_SUCCESS ? key_handle : 0, cp);
+  return rc;
+}
+
+CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemRelease);
+  if (!scope.outermost()) return real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
+  initialize();
+  HookEvent ev(EventKind::vmm_release, "cuMemRelease", path);
+  if (VmmCache* cache = vmm_cache()) {
+    std::uint64_t size = 0;
+    if (cache->release(handle, &size) == VmmCache::Verdict::served) {
+      ev.r.recycled = true;  // kept, and still charged, until it is reused or given back
+      ev.done(CUDA_SUCCESS, size, handle, driver_pool());
+      return CUDA_SUCCESS;
+    }
+  }
+  CUresult rc = real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
+  std::uint64_t bytes = 0;
+  ContextPool* owner = nullptr;
+  if (rc == CUDA_SUCCESS) forget_external(handle, &bytes, &owner);
+  ev.done(rc, bytes, handle, owner);
+  return rc;
+}
+
+namespace {
+// An address-space or mapping call on `ptr`: one event; served by the cache when `serve` (given
+// the cache) says so, else the real call, after which `done` (given the cache and the result)
+// lets the cache learn what the driver did.
+template <typename Call, typename Serve, typename Done>
+CUresult vmm_range_call(Path path, EventKind kind, const char* api, CUdeviceptr ptr, size_t size, Call&& call,
+                        Serve&& serve, Done&& done, const CUmemGenericAllocationHandle* mapped = nullptr,
+                        size_t offset = 0) {
+  HookScope scope;
+  if (!scope.outermost()) return call();
+  initialize();
+  HookEvent ev(kind, api, path);
+  if (mapped) {  // cuMemMap: what is mapped, so that replay can run the mapping cache
+    ev.r.has_handle = true;
+    ev.r.handle = *mapped;
+    ev.r.offset = offset;
+  }
+  VmmCache* cache = vmm_cache();
+  CUresult rc;
+  if (cache && serve(*cache) == VmmCache::Verdict::served) {
+    ev.r.recycled = true;
+    rc = CUDA_SUCCESS;
+  } else {
+    rc = call();
+    if (cache) done(*cache, rc);
+  }
+  ev.done(rc, size, ptr, driver_pool());
+  return rc;
+}
+void nothing_learned(VmmCache&, CUresult) {}
+}  // namespace
+
+// Address-space and mapping calls: recorded; the cache may serve them.
+CUresult cuMemMap(Path path, CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  auto real = CUPOOL_REAL(cuMemMap);
+  return vmm_range_call(
+      path, EventKind::vmm_map, "cuMemMap", ptr, size,
+      [&] { return real ? real(ptr, size, offset, handle, flags) : CUDA_ERROR_NOT_INITIALIZED; },
+      [&](VmmCache& c) { return flags == 0 ? c.map(ptr, size, offset, handle) : VmmCache::Verdict::forward; },
+      [&](VmmCache& c, CUresult rc) {
+        if (rc == CUDA_SUCCESS) c.map_done(ptr, size, offset, handle);
+      },
+      &handle, offset);
+}
+
+CUresult cuMemUnmap(Path path, CUdeviceptr ptr, size_t size) {
+  auto real = CUPOOL_REAL(cuMemUnmap);
+  return vmm_range_call(
+      path, EventKind::vmm_unmap, "cuMemUnmap", ptr, size,
+      [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; },
+      [&](VmmCache& c) { return c.unmap(ptr, size); }, nothing_learned);
+}
+
+// Not an event of its own: the mapping's events say enough.
+CUresult cuMemSetAccess(Path, CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemSetAccess);
+  auto call = [&] { return real ? real(ptr, size, desc, count) : CUDA_ERROR_NOT_INITIALIZED; };
+  if (!scope.outermost()) return call();
+  initialize();
+  VmmCache* cache = vmm_cache();
+  if (cache == nullptr) return call();
+  const VmmAccess access = pack_access(desc, count);
+  if (cache->set_access(ptr, size, access) == VmmCache::Verdict::served) return CUDA_SUCCESS;
+  CUresult rc = call();
+  if (rc == CUDA_SUCCESS) cache->set_access_done(ptr, size, access);
+  return rc;
+}
+
+CUresult cuMemAddressReserve(Path path, CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemAddressReserve);
+  auto call = [&] { return real ? real(ptr, size, alignment, addr, flags) : CUDA_ERROR_NOT_INITIALIZED; };
+  if (!scope.outermost()) return call();
+  initialize();
+  HookEvent ev(EventKind::va_reserve, "cuMemAddressReserve", path);
+  VmmCache* cache = vmm_cache();
+  CUresult rc = CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr out = 0;
+  bool served = false;
+  if (cache && ptr && addr == 0 && flags == 0) {
+    if (const std::uint64_t va = cache->reserve(size, alignment)) {
+      *ptr = out = va;
+      rc = CUDA_SUCCESS;
+      served = true;
+      ev.r.recycled = true;
+    }
+  }
+  if (!served) {
+    if (cache && addr != 0) cache->before_reserve_at(addr, size);
+    rc = call();
+    if (rc == CUDA_SUCCESS && ptr) {
+      out = *ptr;
+      if (cache && flags == 0) cache->reserved(out, size);
+    }
+  }
+  ev.done(rc, size, out, driver_pool());
+  return rc;
+}
+
+CUresult cuMemAddressFree(Path path, CUdeviceptr ptr, size_t size) {
+  auto real = CUPOOL_REAL(cuMemAddressFree);
+  return vmm_range_call(
+      path, EventKind::va_free, "cuMemAddressFree", ptr, size,
+      [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; },
+      [&](VmmCache& c) { return c.address_free(ptr, size); }, nothing_learned);
+}
+
+// A handle shared with another process lives on there: it must never be recycled here.
+CUresult cuMemExportToShareableHandle(Path, void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemExportToShareableHandle);
+  if (scope.outermost()) {
+    initialize();
+    if (VmmCache* cache = vmm_cache()) cache->pin_handle(handle);
+  }
+  return real ? real(shareableHandle, handle, handleType, flags) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+// A retained handle is released once more by the program: its calls go to the driver from now on.
+CUresult cuMemRetainAllocationHandle(Path, CUmemGenericAllocationHandle* handle, void* addr) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuMemRetainAllocationHandle);
+  if (scope.outermost()) {
+    initialize();
+    if (VmmCache* cache = vmm_cache()) cache->pin_address(reinterpret_cast<std::uintptr_t>(addr));
+  }
+  return real ? real(handle, addr) : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+}  // namespace impl
+}  // namespace cupool::shim
