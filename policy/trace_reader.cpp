@@ -406,7 +406,8 @@ struct JsonFields {
 DeviceInfo device_from(const nlohmann::json& j, std::string_view what) {
   if (!j.is_object()) throw std::invalid_argument(fmt::format("{}: expected an object", what));
   const JsonFields f{j, what};
-  return DeviceInfo{f.int_in("index", 0, 1 << 20), f.str("name"), f.u64("total_bytes")};
+  namespace dk = trace::device_key;
+  return DeviceInfo{f.int_in(dk::index, 0, 1 << 20), f.str(dk::name), f.u64(dk::total_bytes)};
 }
 
 // The length of the well-formed UTF-8 sequence at p (1 to 4), or 0 if none begins there
@@ -673,7 +674,7 @@ const char* TraceReader::compression() const { return in_->compression(); }
 
 void TraceReader::fail(const std::string& what) const {
   if (last_line_cut_)
-    throw TraceError(fmt::format("{}:{}: the last line is cut short (was the process killed while writing?): {}",
+    throw TraceCutShort(fmt::format("{}:{}: the last line is cut short (was the process killed while writing?): {}",
                                  source_, line_, what));
   throw TraceError(fmt::format("{}:{}: {}", source_, line_, what));
 }
@@ -735,8 +736,10 @@ void TraceReader::read_header() {
   }
   if (!j.is_object() || !j.contains("type") || j["type"] != std::string(trace::line::header))
     fail("the first line is not a cupool trace header");
-  if (!j.contains("format") || j["format"] != std::string(trace::kFormatName)) fail("not a cupool trace (the header's \"format\" is not \"cupool-trace\")");
-  const auto version = j.find("version");
+  namespace hk = trace::header_key;
+  if (!j.contains(hk::format) || j[hk::format] != std::string(trace::kFormatName))
+    fail(fmt::format("not a cupool trace (the header's \"{}\" is not \"{}\")", hk::format, trace::kFormatName));
+  const auto version = j.find(hk::version);
   if (version == j.end() || !version->is_string()) fail("header field \"version\": expected a string \"MAJOR.MINOR\"");
   const std::string v = version->get<std::string>();
   int major = 0, minor = 0;
@@ -756,21 +759,21 @@ void TraceReader::read_header() {
     const JsonFields f{j, "header"};
     header_.major = major;
     header_.minor = minor;
-    header_.cupool_version = f.str("cupool_version");
-    header_.pid = f.i64("pid");
-    header_.ppid = f.i64("ppid");
-    header_.host = f.str("host");
-    const auto& cmdline = f.need("cmdline");
+    header_.cupool_version = f.str(hk::cupool_version);
+    header_.pid = f.i64(hk::pid);
+    header_.ppid = f.i64(hk::ppid);
+    header_.host = f.str(hk::host);
+    const auto& cmdline = f.need(hk::cmdline);
     if (!cmdline.is_array()) throw std::invalid_argument("header field \"cmdline\": expected an array of strings");
     for (const auto& arg : cmdline) {
       if (!arg.is_string()) throw std::invalid_argument("header field \"cmdline\": expected an array of strings");
       header_.cmdline.push_back(arg.get<std::string>());
     }
-    header_.start_unix_ns = f.u64("start_unix_ns");
-    header_.start_mono_ns = f.u64("start_mono_ns");
-    header_.config = f.need("config");
+    header_.start_unix_ns = f.u64(hk::start_unix_ns);
+    header_.start_mono_ns = f.u64(hk::start_mono_ns);
+    header_.config = f.need(hk::config);
     if (!header_.config.is_object()) throw std::invalid_argument("header field \"config\": expected an object");
-    if (const auto d = j.find("devices"); d != j.end()) {
+    if (const auto d = j.find(hk::devices); d != j.end()) {
       if (!d->is_array()) throw std::invalid_argument("header field \"devices\": expected an array");
       for (const auto& dev : *d) add_device(device_from(dev, "header device"));
     }
@@ -823,17 +826,18 @@ void TraceReader::parse_other(const nlohmann::json& j, std::string_view type) {
     if (type == trace::line::device) {
       add_device(device_from(j, "device line"));
     } else if (type == trace::line::drop) {
-      dropped_ += JsonFields{j, "drop line"}.u64("count");
+      dropped_ += JsonFields{j, "drop line"}.u64(trace::drop_key::count);
     } else if (type == trace::line::footer) {
       const JsonFields f{j, "footer"};
       Footer footer;
-      footer.events = f.u64("events");
-      footer.dropped = f.u64("dropped");
-      footer.allocs = f.u64("allocs");
-      footer.frees = f.u64("frees");
-      footer.ooms = f.u64("ooms");
-      footer.end_mono_ns = f.u64("end_mono_ns");
-      const auto& devices = f.need("devices");
+      namespace fk = trace::footer_key;
+      footer.events = f.u64(fk::events);
+      footer.dropped = f.u64(fk::dropped);
+      footer.allocs = f.u64(fk::allocs);
+      footer.frees = f.u64(fk::frees);
+      footer.ooms = f.u64(fk::ooms);
+      footer.end_mono_ns = f.u64(fk::end_mono_ns);
+      const auto& devices = f.need(fk::devices);
       if (!devices.is_array()) throw std::invalid_argument("footer field \"devices\": expected an array");
       for (const auto& d : devices) {
         footer.devices.push_back(device_from(d, "footer device"));

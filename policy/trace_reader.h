@@ -29,6 +29,12 @@ class TraceError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+// The last line ends without its newline, inside a JSON value: what a process killed while its
+// trace was written leaves. Readers may end the trace there, with a warning.
+class TraceCutShort : public TraceError {
+ public:
+  using TraceError::TraceError;
+};
 
 struct Header {
   int major = 0, minor = 0;

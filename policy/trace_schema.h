@@ -199,7 +199,8 @@ inline constexpr std::string_view recycled = "recycled";  // true: a VMM call se
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
 }  // namespace key
 
-// Line types ("type") and the keys of the non-event lines (docs/trace-format.md).
+// Line types ("type") and the keys of the non-event lines (docs/trace-format.md), used by writer
+// and reader alike.
 namespace line {
 inline constexpr std::string_view header = "header";
 inline constexpr std::string_view event = "event";
@@ -207,5 +208,35 @@ inline constexpr std::string_view device = "device";  // keys: t, index, name, t
 inline constexpr std::string_view drop = "drop";      // keys: t, tid, count
 inline constexpr std::string_view footer = "footer";  // keys: events, dropped, allocs, frees, ooms, end_mono_ns, devices
 }  // namespace line
+namespace header_key {
+inline constexpr const char* format = "format";  // kFormatName
+inline constexpr const char* version = "version";  // "major.minor"
+inline constexpr const char* cupool_version = "cupool_version";
+inline constexpr const char* pid = "pid";
+inline constexpr const char* ppid = "ppid";
+inline constexpr const char* host = "host";
+inline constexpr const char* cmdline = "cmdline";
+inline constexpr const char* start_unix_ns = "start_unix_ns";
+inline constexpr const char* start_mono_ns = "start_mono_ns";
+inline constexpr const char* config = "config";    // config_json (policy/options.h), decode_config
+inline constexpr const char* devices = "devices";  // devices known when the file was opened
+}  // namespace header_key
+namespace device_key {  // device lines, and the devices of the footer
+inline constexpr const char* index = "index";
+inline constexpr const char* name = "name";
+inline constexpr const char* total_bytes = "total_bytes";
+}  // namespace device_key
+namespace drop_key {
+inline constexpr const char* count = "count";
+}  // namespace drop_key
+namespace footer_key {
+inline constexpr const char* events = "events";
+inline constexpr const char* dropped = "dropped";
+inline constexpr const char* allocs = "allocs";
+inline constexpr const char* frees = "frees";
+inline constexpr const char* ooms = "ooms";
+inline constexpr const char* end_mono_ns = "end_mono_ns";
+inline constexpr const char* devices = "devices";
+}  // namespace footer_key
 
 }  // namespace cupool::trace

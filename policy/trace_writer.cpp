@@ -59,6 +59,24 @@ namespace {
 
 using Ring = TraceWriter::Ring;
 
+// A device as the footer lists it, and as a device line.
+std::string device_object(int index, std::string_view name, std::uint64_t total_bytes) {
+  namespace dk = trace::device_key;
+  std::string o = fmt::format(R"({{"{}":{},"{}":)", dk::index, index, dk::name);
+  append_json_string(o, name);
+  o += fmt::format(R"(,"{}":{}}})", dk::total_bytes, total_bytes);
+  return o;
+}
+std::string device_line(int index, std::string_view name, std::uint64_t total_bytes) {
+  namespace dk = trace::device_key;
+  std::string o = fmt::format(R"({{"type":"{}","{}":{},"{}":{},"{}":)", trace::line::device, trace::key::t,
+                              EventClock::now(), dk::index, index, dk::name);
+  append_json_string(o, name);
+  o += fmt::format(R"(,"{}":{}}})", dk::total_bytes, total_bytes);
+  o += '\n';
+  return o;
+}
+
 constexpr std::size_t kBufferSize = 256 * 1024;
 constexpr std::size_t kMaxLine = 2048;     // an event or drop line is always shorter
 constexpr std::size_t kMaxApiChars = 128;  // api names are short identifiers; longer is cut
@@ -267,28 +285,27 @@ bool TraceWriter::open_file_locked(std::string* error) {
   io_failed_ = false;
   char host[256] = {};
   ::gethostname(host, sizeof host - 1);
-  std::string h = fmt::format("{{\"type\":\"header\",\"format\":\"{}\",\"version\":\"{}.{}\",\"cupool_version\":",
-                              trace::kFormatName, trace::kFormatMajor, trace::kFormatMinor);
+  namespace hk = trace::header_key;
+  std::string h = fmt::format(R"({{"type":"{}","{}":"{}","{}":"{}.{}","{}":)", trace::line::header, hk::format,
+                              trace::kFormatName, hk::version, trace::kFormatMajor, trace::kFormatMinor,
+                              hk::cupool_version);
   append_json_string(h, CUPOOL_VERSION);
-  h += fmt::format(",\"pid\":{},\"ppid\":{},\"host\":", ::getpid(), ::getppid());
+  h += fmt::format(R"(,"{}":{},"{}":{},"{}":)", hk::pid, ::getpid(), hk::ppid, ::getppid(), hk::host);
   append_json_string(h, host);
-  h += ",\"cmdline\":[";
+  h += fmt::format(R"(,"{}":[)", hk::cmdline);
   bool first = true;
   for (const std::string& arg : read_cmdline()) {
     if (!first) h += ',';
     first = false;
     append_json_string(h, arg);
   }
-  h += fmt::format("],\"start_unix_ns\":{},\"start_mono_ns\":{},\"config\":", clock_ns(CLOCK_REALTIME),
-                   EventClock::now());
+  h += fmt::format(R"(],"{}":{},"{}":{},"{}":)", hk::start_unix_ns, clock_ns(CLOCK_REALTIME), hk::start_mono_ns,
+                   EventClock::now(), hk::config);
   h += config_json(config_);
-  h += ",\"devices\":[]}\n";
+  h += fmt::format(R"(,"{}":[]}})", hk::devices);
+  h += '\n';
   // A fork child's file repeats the devices its parent had already seen.
-  for (const Device& d : devices_) {
-    h += fmt::format("{{\"type\":\"device\",\"t\":{},\"index\":{},\"name\":", EventClock::now(), d.index);
-    append_json_string(h, d.name);
-    h += fmt::format(",\"total_bytes\":{}}}\n", d.total_bytes);
-  }
+  for (const Device& d : devices_) h += device_line(d.index, d.name, d.total_bytes);
   write_all_locked(h.data(), h.size());
   return true;
 }
@@ -308,15 +325,13 @@ void TraceWriter::close() {
   std::lock_guard lock(out_mu_);
   if (fd_ >= 0) {
     pass_locked();
-    std::string f = fmt::format(
-        "{{\"type\":\"footer\",\"events\":{},\"dropped\":{},\"allocs\":{},\"frees\":{},\"ooms\":{},\"end_mono_ns\":{},"
-        "\"devices\":[",
-        events_, dropped_, allocs_, frees_, ooms_, EventClock::now());
+    namespace fk = trace::footer_key;
+    std::string f = fmt::format(R"({{"type":"{}","{}":{},"{}":{},"{}":{},"{}":{},"{}":{},"{}":{},"{}":[)",
+                                trace::line::footer, fk::events, events_, fk::dropped, dropped_, fk::allocs, allocs_,
+                                fk::frees, frees_, fk::ooms, ooms_, fk::end_mono_ns, EventClock::now(), fk::devices);
     for (std::size_t i = 0; i < devices_.size(); ++i) {
       if (i) f += ',';
-      f += fmt::format("{{\"index\":{},\"name\":", devices_[i].index);
-      append_json_string(f, devices_[i].name);
-      f += fmt::format(",\"total_bytes\":{}}}", devices_[i].total_bytes);
+      f += device_object(devices_[i].index, devices_[i].name, devices_[i].total_bytes);
     }
     f += "]}\n";
     write_all_locked(f.data(), f.size());
@@ -515,8 +530,9 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
   if (dropped != ring.dropped_reported) {
     if (buf_used_ + kMaxLine > kBufferSize) write_buffer_locked();
     const std::uint64_t count = dropped - ring.dropped_reported;
-    char* p = fmt::format_to(buf_.get() + buf_used_, "{{\"type\":\"drop\",\"t\":{},\"tid\":{},\"count\":{}}}\n",
-                             EventClock::now(), ring.tid, count);
+    char* p = fmt::format_to(buf_.get() + buf_used_, R"({{"type":"{}","{}":{},"{}":{},"{}":{}}})" "\n",
+                             trace::line::drop, tk::t, EventClock::now(), tk::tid, ring.tid, trace::drop_key::count,
+                             count);
     buf_used_ = static_cast<std::size_t>(p - buf_.get());
     dropped_ += count;
     ring.dropped_reported = dropped;
@@ -641,9 +657,7 @@ void TraceWriter::write_device(int device, std::string_view name, std::uint64_t 
     known->name = std::string(name);
     known->total_bytes = total_bytes;
   }
-  std::string line = fmt::format("{{\"type\":\"device\",\"t\":{},\"index\":{},\"name\":", EventClock::now(), device);
-  append_json_string(line, name);
-  line += fmt::format(",\"total_bytes\":{}}}\n", total_bytes);
+  const std::string line = device_line(device, name, total_bytes);
   write_buffer_locked();
   write_all_locked(line.data(), line.size());
 }

@@ -45,9 +45,7 @@ bool TraceInput::next(Event& e) {
   if (!truncated_.empty()) return false;
   try {
     return reader_->next(e);
-  } catch (const TraceError& err) {
-    // The reader's words for a cut last line (policy/trace_reader.cpp): what a killed process leaves.
-    if (std::string_view(err.what()).find("the last line is cut short") == std::string_view::npos) throw;
+  } catch (const TraceCutShort& err) {  // what a killed process leaves: the trace ends there
     truncated_ = err.what();
     return false;
   }

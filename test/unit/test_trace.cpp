@@ -270,6 +270,54 @@ TEST_CASE("every field of every kind of event round-trips", "[trace]") {
   CHECK(events.back().tid == static_cast<std::uint32_t>(gettid()));
 }
 
+TEST_CASE("the header, device lines and footer round-trip: what the writer knew, the reader gives back", "[trace]") {
+  TempDir dir;
+  Config config = trace_config(dir.path + "/t.jsonl");
+  config.policy = PolicyKind::preallocate;
+  config.limit.per_device.emplace_back(1, SizeSpec{0, 37.5});
+  auto w = open_writer(config);
+  w->write_device(0, "first \"device\"", 80ull << 30);
+  w->write_device(1, "second", 141ull << 30);
+  std::uint64_t allocs = 0, frees = 0, ooms = 0;
+  for (std::uint64_t i = 0; i < 300; ++i) {
+    const trace::Record r = make_record(0, i);
+    w->record(r);
+    if (r.kind == trace::EventKind::alloc) (r.rc == 0 ? allocs : ooms) += 1;
+    if (r.kind == trace::EventKind::free && r.rc == 0) ++frees;
+  }
+  w->close();
+  std::unique_ptr<TraceReader> reader;
+  const auto events = read_all(w->path(), &reader);
+  CHECK(events.size() == 300);
+  const Header& h = reader->header();
+  CHECK(h.major == trace::kFormatMajor);
+  CHECK(h.minor == trace::kFormatMinor);
+  CHECK(h.pid == getpid());
+  CHECK(h.ppid == getppid());
+  CHECK_FALSE(h.cmdline.empty());
+  CHECK(h.start_mono_ns > 0);
+  const auto decoded = decode_config(h.config);
+  REQUIRE(decoded);
+  CHECK(*decoded == config);
+  const std::vector<DeviceInfo> want = {{0, "first \"device\"", 80ull << 30}, {1, "second", 141ull << 30}};
+  auto same = [](const std::vector<DeviceInfo>& a, const std::vector<DeviceInfo>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (a[i].index != b[i].index || a[i].name != b[i].name || a[i].total_bytes != b[i].total_bytes) return false;
+    return true;
+  };
+  CHECK(same(reader->devices(), want));
+  REQUIRE(reader->footer());
+  const Footer& f = *reader->footer();
+  CHECK(f.events == 300);
+  CHECK(f.dropped == 0);
+  CHECK(f.allocs == allocs);
+  CHECK(f.frees == frees);
+  CHECK(f.ooms == ooms);
+  CHECK(f.end_mono_ns >= h.start_mono_ns);
+  CHECK(same(f.devices, want));
+}
+
 TEST_CASE("the recorded configuration decodes to the configuration that was encoded", "[trace]") {
   std::mt19937_64 rng(7);
   auto size = [&]() {
@@ -925,7 +973,15 @@ TEST_CASE("docs/trace-format.md names every key, line type and value of the sche
                  trace::key::dev, trace::key::size, trace::key::ptr, trace::key::stream, trace::key::rc, trace::key::dur,
                  trace::key::oom_class, trace::key::reserved, trace::key::in_use, trace::key::largest_free,
                  trace::key::quarantined, trace::key::free_blocks, trace::key::flags, trace::key::cached, trace::key::name,
-                 trace::key::timed_for})
+                 trace::key::timed_for, trace::key::recycled, trace::key::handle, trace::key::offset})
+    CHECK(named(k));
+  namespace hk = trace::header_key;
+  namespace fk = trace::footer_key;
+  namespace dk = trace::device_key;
+  for (const char* k : {hk::format, hk::version, hk::cupool_version, hk::pid, hk::ppid, hk::host, hk::cmdline,
+                        hk::start_unix_ns, hk::start_mono_ns, hk::config, hk::devices, dk::index, dk::name,
+                        dk::total_bytes, trace::drop_key::count, fk::events, fk::dropped, fk::allocs, fk::frees,
+                        fk::ooms, fk::end_mono_ns, fk::devices})
     CHECK(named(k));
   for (auto n : trace::kEventKindNames) CHECK(named(n));
   for (auto n : trace::kPathNames) CHECK(named(n));
