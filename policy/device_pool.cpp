@@ -76,8 +76,8 @@ struct ThreadCaches {
 thread_local ThreadCaches t_caches;
 }  // namespace
 
-DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, EventSink* sink)
-    : cfg_(cfg), device_(device), up_(upstream), sink_(sink), clock_(&event_clock), id_(g_next_pool_id++) {
+DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer)
+    : cfg_(cfg), device_(device), up_(upstream), observer_(observer), clock_(&event_clock), id_(g_next_pool_id++) {
   {
     std::lock_guard g(ThreadCacheRegistry::mutex());
     ThreadCacheRegistry::pools()[id_] = this;
@@ -119,7 +119,7 @@ bool DevicePool::may_grow() const {
 
 // ---- allocation ----------------------------------------------------------------------------------
 
-AllocResult DevicePool::allocate(std::size_t size, trace::PoolState* state) {
+AllocResult DevicePool::allocate(std::size_t size, PoolStats* state) {
   if (size == 0) return {};
   const std::uint64_t bytes = round_up(std::min<std::uint64_t>(size, kMaxRequest), Suballocator::kAlignment);
   ThreadCache* tc = nullptr;
@@ -232,13 +232,13 @@ void DevicePool::bound_quarantine(Lock& lk) {
 // The miss path, in order: retired fences; (first use) preallocation; waiting for the oldest
 // fences when the quarantine holds enough; growth; waiting for the remaining fences; giving back wholly free chunks and growing once more; then out of memory.
 AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
-  if (abandoned_) return {0, trace::OomClass::device, 0};
+  if (abandoned_) return {0, OomClass::device, 0};
   if (size > kMaxRequest) {
-    emit(trace::EventKind::oom, size, 0, now(), 0, trace::OomClass::limit);
-    return {0, trace::OomClass::limit, 0};
+    emit(PoolEvent::Kind::oom, size, 0, now(), 0, OomClass::limit);
+    return {0, OomClass::limit, 0};
   }
   const std::uint64_t bytes = round_up(size, Suballocator::kAlignment);
-  Grow last{0, trace::OomClass::limit, 0};
+  Grow last{0, OomClass::limit, 0};
 
   if (!quarantine_.empty()) {
     seal_pending();
@@ -254,7 +254,7 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
     Grow g = preallocate(lk, bytes);
     if (g.ptr) return {g.ptr};
     if (std::uint64_t p = sub_.allocate(bytes)) return {p};  // another thread's preallocation
-    if (g.fail != trace::OomClass::none) last = g;
+    if (g.fail != OomClass::none) last = g;
   }
   // Memory in quarantine is the program's own and free again once the device catches up.
   // Waiting for it (oldest fence first) before growing keeps the pool from growing by however
@@ -291,9 +291,9 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
   }
 
   AllocResult r{0, last.fail, last.driver_code};
-  if (sub_.free_bytes() >= bytes) r = {0, trace::OomClass::fragmentation, 0};
-  if (r.oom == trace::OomClass::none) r.oom = trace::OomClass::limit;
-  emit(trace::EventKind::oom, size, 0, now(), 0, r.oom, r.driver_code);
+  if (sub_.free_bytes() >= bytes) r = {0, OomClass::fragmentation, 0};
+  if (r.oom == OomClass::none) r.oom = OomClass::limit;
+  emit(PoolEvent::Kind::oom, size, 0, now(), 0, r.oom, r.driver_code);
   return r;
 }
 
@@ -306,7 +306,7 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   if (need > left && bytes <= round_down(left, Suballocator::kAlignment))
     need = round_down(left, Suballocator::kAlignment);  // the cap is not a multiple of 2 MiB
   // Past the cap: class limit, unless no limit was set and the cap is just the device's size.
-  if (need > left || need < bytes) return {0, has_limit_ ? trace::OomClass::limit : trace::OomClass::device, 0};
+  if (need > left || need < bytes) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
   std::uint64_t chunk = std::max(need, step_);
   if (chunk > left) chunk = std::max(need, round_down(left, kChunkGranularity));
 
@@ -327,11 +327,11 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   transit_ -= chunk;
   --growing_;
   transit_cv_.notify_all();  // waiters re-check once the chunk is in (same critical section)
-  if (abandoned_) return {0, trace::OomClass::device, 0};  // the context went away meanwhile
-  if (st != UpstreamStatus::ok) return {0, trace::OomClass::device, code};
+  if (abandoned_) return {0, OomClass::device, 0};  // the context went away meanwhile
+  if (st != UpstreamStatus::ok) return {0, OomClass::device, code};
   step_ = std::min<std::uint64_t>(step_ * 2, std::max<std::uint64_t>(cfg_.growth_chunk_max, step_));
   Grow g = add_reserved(base, got, bytes, false);
-  emit(trace::EventKind::grow, got, base, t0, dur);
+  emit(PoolEvent::Kind::grow, got, base, t0, dur);
   return g;
 }
 
@@ -372,11 +372,11 @@ DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
   transit_cv_.notify_all();
   prealloc_busy_ = false;
   prealloc_cv_.notify_all();
-  if (abandoned_) return {0, trace::OomClass::device, 0};
-  if (st != UpstreamStatus::ok) return {0, trace::OomClass::device, code};
+  if (abandoned_) return {0, OomClass::device, 0};
+  if (st != UpstreamStatus::ok) return {0, OomClass::device, code};
   prealloc_done_ = true;
   Grow g = add_reserved(base, got, bytes, true);
-  emit(trace::EventKind::grow, got, base, t0, dur);
+  emit(PoolEvent::Kind::grow, got, base, t0, dur);
   return g;
 }
 
@@ -388,7 +388,7 @@ DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, 
   std::uint32_t id = usable ? sub_.add_chunk(start, usable) : Suballocator::kNoChunk;
   if (id == Suballocator::kNoChunk) {
     up_.release(base, size);  // unusable (overlaps a chunk we hold?): give it straight back
-    return {0, trace::OomClass::device, 0};
+    return {0, OomClass::device, 0};
   }
   publish_ranges_locked();
   if (reservations_.size() <= id) {
@@ -398,7 +398,7 @@ DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, 
   reservations_[id] = Reservation{base, size};
   idle_since_[id] = now();
   if (is_prealloc) prealloc_chunk_ = id;
-  return {sub_.allocate(bytes), trace::OomClass::none, 0};
+  return {sub_.allocate(bytes), OomClass::none, 0};
 }
 
 // Waits until a reservation that another thread has in flight lands (the lock is dropped
@@ -455,13 +455,13 @@ std::size_t DevicePool::release_free_chunks(Lock& lk, bool include_prealloc, std
   transit_ -= bytes;
   transit_cv_.notify_all();
   for (std::size_t i = 0; i < gone.size(); ++i)
-    emit(trace::EventKind::release, gone[i].size, gone[i].base, times[i].first, times[i].second);
+    emit(PoolEvent::Kind::release, gone[i].size, gone[i].base, times[i].first, times[i].second);
   return gone.size();
 }
 
 // ---- free ------------------------------------------------------------------------------------------
 
-FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, trace::PoolState* state) {
+FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, PoolStats* state) {
   std::size_t freed_size = 0;
   auto finish = [&](Suballocator::FreeStatus st) {
     if (size) *size = st == Suballocator::FreeStatus::freed ? freed_size : 0;
@@ -587,7 +587,7 @@ ThreadCache* DevicePool::my_cache(bool create) {
 
 // The state a cache-served event reports: the pool's as of its last locked operation, and the
 // change to the bytes in use (the trace writer derives in_use and cached from it).
-void DevicePool::fast_state(trace::PoolState* s, std::int64_t in_use_change) const {
+void DevicePool::fast_state(PoolStats* s, std::int64_t in_use_change) const {
   s->reserved = snap_reserved_.load(std::memory_order_relaxed);
   s->largest_free = snap_largest_.load(std::memory_order_relaxed);
   s->quarantined = snap_quarantined_.load(std::memory_order_relaxed);
@@ -714,7 +714,7 @@ void DevicePool::release_batch(const Quarantine::Batch& b) {
     Suballocator::FreeInfo info;
     if (sub_.release_held(p, &info)) note_free(info);
   }
-  emit(trace::EventKind::fence_retired, b.bytes, 0, t0, now() - t0);
+  emit(PoolEvent::Kind::fence_retired, b.bytes, 0, t0, now() - t0);
 }
 
 // ---- queries ---------------------------------------------------------------------------------------
@@ -756,8 +756,8 @@ bool DevicePool::in_a_cache_locked(std::uint64_t ptr) const {
   return false;
 }
 
-trace::PoolState DevicePool::state_locked() const {
-  trace::PoolState s;
+PoolStats DevicePool::state_locked() const {
+  PoolStats s;
   s.reserved = sub_.reserved();
   s.cached = thread_cached_locked();
   s.in_use = sub_.in_use() - s.cached;  // cached blocks are free to the program
@@ -769,7 +769,7 @@ trace::PoolState DevicePool::state_locked() const {
 }
 
 // What events served from a thread cache report (fast_state): published at unlock while tracing.
-void DevicePool::publish_state_locked(const trace::PoolState& s) const {
+void DevicePool::publish_state_locked(const PoolStats& s) const {
   snap_reserved_.store(s.reserved, std::memory_order_relaxed);
   snap_largest_.store(s.largest_free, std::memory_order_relaxed);
   snap_quarantined_.store(s.quarantined, std::memory_order_relaxed);
@@ -778,16 +778,16 @@ void DevicePool::publish_state_locked(const trace::PoolState& s) const {
 
 // The state a call reports as its last step before it unlocks: published now, so that the
 // unlock need not compute it again.
-trace::PoolState DevicePool::reported_state_locked() const {
-  const trace::PoolState s = state_locked();
-  if (sink_) {
+PoolStats DevicePool::reported_state_locked() const {
+  const PoolStats s = state_locked();
+  if (observer_) {
     publish_state_locked(s);
     snapshot_fresh_ = true;
   }
   return s;
 }
 
-trace::PoolState DevicePool::state() const {
+PoolStats DevicePool::state() const {
   Lock lk(mu_);
   return state_locked();
 }
@@ -830,7 +830,7 @@ bool DevicePool::try_charge_external(std::size_t bytes) {
     }
     if (!wait_for_transit(lk)) break;
   }
-  emit(trace::EventKind::oom, bytes, 0, now(), 0, has_limit_ ? trace::OomClass::limit : trace::OomClass::device);
+  emit(PoolEvent::Kind::oom, bytes, 0, now(), 0, has_limit_ ? OomClass::limit : OomClass::device);
   return false;
 }
 
@@ -889,23 +889,22 @@ void DevicePool::abandon() {
 
 // ---- events ----------------------------------------------------------------------------------------
 
-void DevicePool::emit(trace::EventKind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0,
-                      std::uint64_t dur, trace::OomClass oom, int code) {
-  if (!sink_) return;
-  trace::Record r;
-  r.t_ns = t0;
-  r.dur_ns = dur;
-  r.size = size;
-  r.ptr = ptr;
-  r.api = "pool";
-  r.pool = state_locked();
-  r.rc = code;
-  r.tid = current_thread_id();
-  r.device = static_cast<std::int16_t>(device_);
-  r.kind = kind;
-  r.oom_class = oom;
-  r.has_pool = true;
-  sink_->record(r);
+void DevicePool::emit(PoolEvent::Kind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0,
+                      std::uint64_t dur, OomClass oom, int code) {
+  if (!observer_) return;
+  PoolEvent e;
+  e.kind = kind;
+  e.t_ns = t0;
+  e.dur_ns = dur;
+  e.size = size;
+  e.ptr = ptr;
+  e.tid = current_thread_id();
+  e.device = device_;
+  e.driver_code = code;
+  e.oom = oom;
+  e.has_stats = true;
+  e.stats = state_locked();
+  observer_->pool_event(e);
 }
 
 }  // namespace cupool

@@ -15,12 +15,11 @@
 #include <vector>
 
 #include "config.h"
+#include "pool_events.h"
 #include "quarantine.h"
-#include "event_sink.h"
-#include "spin_lock.h"  // where the pool reports grow, release, fence_retired, oom
+#include "spin_lock.h"
 #include "suballocator.h"
 #include "thread_cache.h"
-#include "trace_schema.h"
 #include "upstream.h"
 
 namespace cupool {
@@ -28,7 +27,7 @@ namespace cupool {
 
 struct AllocResult {
   std::uint64_t ptr = 0;
-  trace::OomClass oom = trace::OomClass::none;
+  OomClass oom = OomClass::none;
   int driver_code = 0;  // the driver's error code when oom == device
 };
 
@@ -43,16 +42,16 @@ class DevicePool {
   // A time source (ns). Default: the trace's EventClock (CLOCK_MONOTONIC). Tests and replay inject their own.
   using Clock = std::uint64_t (*)(void* ctx);
 
-  DevicePool(const Config& cfg, int device, Upstream& upstream, EventSink* sink);
+  DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer);
   ~DevicePool();
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
 
   // size 0: ptr 0, no error. `state`, if given, receives the pool state after the call, read
   // under the same lock (the trace wants it, and a second lock round-trip costs).
-  AllocResult allocate(std::size_t size, trace::PoolState* state = nullptr);
+  AllocResult allocate(std::size_t size, PoolStats* state = nullptr);
   // `size`, if given, receives the freed block's size (0 if not freed); `state` as above.
-  FreeResult deallocate(std::uint64_t ptr, std::size_t* size = nullptr, trace::PoolState* state = nullptr);
+  FreeResult deallocate(std::uint64_t ptr, std::size_t* size = nullptr, PoolStats* state = nullptr);
 
   bool owns(std::uint64_t ptr) const;  // inside one of the pool's chunks (frees of it belong here); no lock
   bool block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const;  // interior too
@@ -61,7 +60,7 @@ class DevicePool {
   bool block_in_reservation(std::uint64_t ptr, std::uint64_t* base, std::size_t* size,
                             std::uint64_t* reservation_base) const;
   std::size_t block_size(std::uint64_t ptr) const;  // live block starting at ptr, else 0
-  trace::PoolState state() const;
+  PoolStats state() const;
   // total: the cap; free: what the process could still get (headroom under the cap that the driver
   // also has, plus free bytes inside the pool).
   void mem_info(std::size_t* free, std::size_t* total);
@@ -106,7 +105,7 @@ class DevicePool {
   };
   struct Grow {
     std::uint64_t ptr = 0;
-    trace::OomClass fail = trace::OomClass::none;
+    OomClass fail = OomClass::none;
     int driver_code = 0;
   };
   // The pool's lock. When tracing, unlocking publishes the state that events served from a
@@ -120,7 +119,7 @@ class DevicePool {
     }
     void reset_after_fork() noexcept { spin_.reset_after_fork(); }
     void unlock() noexcept {
-      if (pool_->sink_ && !pool_->snapshot_fresh_) pool_->publish_state_locked(pool_->state_locked());
+      if (pool_->observer_ && !pool_->snapshot_fresh_) pool_->publish_state_locked(pool_->state_locked());
       spin_.unlock();
     }
 
@@ -137,16 +136,16 @@ class DevicePool {
   std::uint64_t charged() const { return sub_.reserved() + transit_ + external_; }
   std::uint64_t headroom() const { return cap_ > charged() ? cap_ - charged() : 0; }
   bool may_grow() const;
-  trace::PoolState state_locked() const;
-  trace::PoolState reported_state_locked() const;  // state_locked(), published: the caller unlocks next
-  void publish_state_locked(const trace::PoolState& state) const;
-  void emit(trace::EventKind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0, std::uint64_t dur,
-            trace::OomClass oom = trace::OomClass::none, int code = 0);
+  PoolStats state_locked() const;
+  PoolStats reported_state_locked() const;  // state_locked(), published: the caller unlocks next
+  void publish_state_locked(const PoolStats& state) const;
+  void emit(PoolEvent::Kind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0, std::uint64_t dur,
+            OomClass oom = OomClass::none, int code = 0);
 
   // Thread caches.
   bool cache_usable() const;
   ThreadCache* my_cache(bool create);
-  void fast_state(trace::PoolState* state, std::int64_t in_use_change) const;
+  void fast_state(PoolStats* state, std::int64_t in_use_change) const;
   std::uint64_t thread_cached_locked() const;
   bool in_a_cache_locked(std::uint64_t ptr) const;
   std::uint64_t reclaim_caches_locked(ThreadCache* only = nullptr);
@@ -177,7 +176,7 @@ class DevicePool {
   const Config cfg_;
   const int device_;
   Upstream& up_;
-  EventSink* const sink_;
+  PoolObserver* const observer_;
   Clock clock_;
   void* clock_ctx_ = nullptr;
 

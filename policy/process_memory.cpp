@@ -11,7 +11,8 @@
 
 namespace cupool {
 
-ProcessMemory::ProcessMemory(const Config& cfg, EventSink* sink, VmmDriver* vmm) : cfg_(cfg), sink_(sink) {
+ProcessMemory::ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm)
+    : cfg_(cfg), observer_(observer) {
   for (auto& s : slot_ctx_) s.store(0, std::memory_order_relaxed);
   if (vmm) vmm_driver_ = std::make_unique<ChargingVmm>(*this, *vmm);
 }
@@ -54,7 +55,7 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
   auto record = std::make_unique<ContextMemory>();
   record->ctx = ctx;
   if (!describe(*record) || record->upstream == nullptr) return nullptr;
-  record->pool = std::make_unique<DevicePool>(cfg_, record->device, *record->upstream, sink_);
+  record->pool = std::make_unique<DevicePool>(cfg_, record->device, *record->upstream, observer_);
   ContextMemory* c = record.get();
   records_.push_back(std::move(record));
   if (slot < 0) slot = n;
@@ -102,10 +103,10 @@ void ProcessMemory::drop_if(const std::function<bool(const ContextMemory&)>& whi
 
 // ---- allocation ------------------------------------------------------------------------------
 
-AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, trace::PoolState* state) {
+AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state) {
   AllocResult r = c.pool->allocate(size, state);
   if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state);  // kept VMM mappings first
-  if (r.ptr == 0) warn_oom(c, api, size, r.oom == trace::OomClass::none ? trace::OomClass::device : r.oom);
+  if (r.ptr == 0) warn_oom(c, api, size, r.oom == OomClass::none ? OomClass::device : r.oom);
   return r;
 }
 
@@ -132,16 +133,15 @@ bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, Cont
 void ProcessMemory::given_back(std::uint64_t handle) {
   std::uint64_t bytes = 0;
   ContextMemory* owner = nullptr;
-  if (!forget_outside(handle, &bytes, &owner) || sink_ == nullptr) return;
-  trace::Record r;
-  r.t_ns = EventClock::now();
-  r.kind = trace::EventKind::vmm_release;
-  r.api = "cupool";
-  r.size = bytes;
-  r.ptr = handle;
-  r.tid = current_thread_id();
-  r.device = static_cast<std::int16_t>(owner ? owner->device : -1);
-  sink_->record(r);
+  if (!forget_outside(handle, &bytes, &owner) || observer_ == nullptr) return;
+  PoolEvent e;
+  e.kind = PoolEvent::Kind::vmm_given_back;
+  e.t_ns = EventClock::now();
+  e.size = bytes;
+  e.ptr = handle;
+  e.tid = current_thread_id();
+  e.device = owner ? owner->device : -1;
+  observer_->pool_event(e);
 }
 
 bool ProcessMemory::mem_info(ContextMemory* c, std::size_t* free, std::size_t* total) const {
@@ -207,20 +207,20 @@ void ProcessMemory::child_after_fork(const std::function<void(ContextMemory&)>& 
 // ---- out of memory ---------------------------------------------------------------------------
 
 std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api, std::uint64_t size,
-                                        trace::OomClass oom) {
-  const trace::PoolState s = c.pool->state();
+                                        OomClass oom) {
+  const PoolStats s = c.pool->state();
   std::size_t free = 0, total = 0;
   c.pool->mem_info(&free, &total);
   std::string why;
   switch (oom) {
-    case trace::OomClass::limit:
+    case OomClass::limit:
       why = "limit: the cap of " + human_bytes(total) + " would be exceeded";
       break;
-    case trace::OomClass::fragmentation:
+    case OomClass::fragmentation:
       why = "fragmentation: the pool holds " + human_bytes(s.reserved - s.in_use) +
             " free but its largest free block is " + human_bytes(s.largest_free);
       break;
-    case trace::OomClass::device:
+    case OomClass::device:
       why = "device: the driver itself is out of memory";
       break;
     default:
@@ -231,7 +231,7 @@ std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api,
          human_bytes(s.in_use) + ", " + std::to_string(s.free_blocks) + " free blocks";
 }
 
-void ProcessMemory::warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, trace::OomClass oom) const {
+void ProcessMemory::warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const {
   if (warnings_) log_warn(describe_oom(c, api, size, oom));
 }
 

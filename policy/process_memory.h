@@ -20,7 +20,7 @@
 
 #include "config.h"
 #include "device_pool.h"
-#include "event_sink.h"
+#include "pool_events.h"
 #include "upstream.h"
 #include "vmm_cache.h"
 
@@ -48,9 +48,9 @@ class ProcessMemory {
  public:
   static constexpr int kMaxContexts = 64;
 
-  // `vmm`: the real calls the VMM cache makes itself (nullptr: no cache). `sink`: where pools
-  // report (nullptr: nowhere).
-  ProcessMemory(const Config& cfg, EventSink* sink, VmmDriver* vmm);
+  // `vmm`: the real calls the VMM cache makes itself (nullptr: no cache). `observer`: where the
+  // pools and the process's memory report their events (nullptr: nowhere).
+  ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm);
   ~ProcessMemory();
   ProcessMemory(const ProcessMemory&) = delete;
   ProcessMemory& operator=(const ProcessMemory&) = delete;
@@ -79,7 +79,7 @@ class ProcessMemory {
 
   // ---- allocation in a pool: on a refusal, kept VMM mappings go back and it is tried once more.
   // A refusal is warned about (`api` names the call).
-  AllocResult allocate(ContextMemory& c, std::size_t size, const char* api, trace::PoolState* state = nullptr);
+  AllocResult allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state = nullptr);
 
   // ---- memory outside the pools. `c` may be nullptr (no context: nothing is charged).
   // `call` makes the allocation and returns how it went and, on success, the key its free will
@@ -108,7 +108,7 @@ class ProcessMemory {
   void child_after_fork(const std::function<void(ContextMemory&)>& before);
 
   // What an out-of-memory of `api` for `size` on `c` was, in words (the warning's text).
-  static std::string describe_oom(const ContextMemory& c, const char* api, std::uint64_t size, trace::OomClass oom);
+  static std::string describe_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom);
 
  private:
   struct Outside {
@@ -132,7 +132,7 @@ class ProcessMemory {
     VmmDriver& real_;
   };
 
-  void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, trace::OomClass oom) const;
+  void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const;
   void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner);
   // The VMM cache gave a kept mapping's handle back to the driver: uncharged, and a `vmm_release`
   // event of cupool's own says so (reports count kept mappings as reserved until then).
@@ -140,7 +140,7 @@ class ProcessMemory {
   void drop_slot_locked(int i, const std::function<void(ContextMemory&)>& before);
 
   const Config cfg_;
-  EventSink* const sink_;
+  PoolObserver* const observer_;
   bool warnings_ = true;
   std::unique_ptr<ChargingVmm> vmm_driver_;
   std::atomic<VmmCache*> vmm_cache_{nullptr};
@@ -164,7 +164,7 @@ OutsideAnswer ProcessMemory::allocate_outside(ContextMemory* c, std::uint64_t by
   // charge, whose refusal is an oom event of its own).
   if (c && vmm_free_bytes(c) > 0 && !c->pool->has_room(bytes)) vmm_evict(c);
   if (c && !c->pool->try_charge_external(bytes)) {
-    warn_oom(*c, api, bytes, trace::OomClass::limit);
+    warn_oom(*c, api, bytes, OomClass::limit);
     return OutsideAnswer::refused_by_cap;
   }
   std::uint64_t key = 0;

@@ -8,6 +8,8 @@
 #include <vector>
 #include <string_view>
 
+#include "pool_events.h"
+
 namespace cupool::trace {
 
 // A reader accepts any minor version of its major version and refuses a newer major.
@@ -74,33 +76,14 @@ enum class Path : std::uint8_t {
 inline constexpr std::array<std::string_view, static_cast<int>(Path::count_)> kPathNames = {
     "none", "symbol", "dlsym", "proc-address", "entry-point"};
 
-// Why an allocation was refused.
-enum class OomClass : std::uint8_t {
-  none = 0,
-  limit,          // CUPOOL_LIMIT would be exceeded
-  fragmentation,  // the pool holds enough free bytes, but no block large enough
-  device,         // the driver itself is out of memory
-  count_
-};
+// Why an allocation was refused: the pool's own classes (pool_events.h), named on the line.
+using OomClass = cupool::OomClass;
 inline constexpr std::array<std::string_view, static_cast<int>(OomClass::count_)> kOomClassNames = {
     "none", "limit", "fragmentation", "device"};
 
-// Pool state attached to pool-served events (all zero, and omitted from the line, otherwise).
-struct PoolState {
-  std::uint64_t reserved = 0;      // bytes the pool holds from the driver
-  std::uint64_t in_use = 0;        // bytes handed to the program (rounded sizes)
-  std::uint64_t largest_free = 0;  // the largest block that could be handed out now
-  std::uint64_t quarantined = 0;   // freed bytes waiting for a fence (deferred free)
-  std::uint64_t cached = 0;        // freed bytes kept in threads' caches (free to the program)
-  std::uint32_t free_blocks = 0;   // number of free blocks
-  // Nonzero on events a thread cache served without the pool's lock: in_use and cached are then
-  // not filled in; the trace writer derives them, per pool, from the last event that had them
-  // (in_use += cache_delta, cached -= cache_delta). Shared counters updated on that path made 8
-  // traced threads 7x slower on the H200 host.
-  std::int64_t cache_delta = 0;
-  std::uint64_t pool = 0;  // which pool (unique in the process): the writer derives per pool; not written
-  bool operator==(const PoolState&) const = default;
-};
+// Pool state attached to pool-served events (all zero, and omitted from the line, otherwise):
+// the pool's own statistics (pool_events.h).
+using PoolState = cupool::PoolStats;
 
 // Events a thread cache served carry the change to the bytes in use (cache_delta) instead of
 // in_use and cached: this fills those in, per pool, from the last values seen, in time order.
@@ -169,6 +152,31 @@ struct Record : EventValues {
   const char* api = nullptr;   // static string: the API name ("cudaMalloc", "cuMemAlloc_v2")
   bool stamped = false;        // t_ns and dur_ns are in EventClock stamps: the writer converts them
 };
+
+// A pool's event as a trace line: the one mapping, used by the trace writer and by replay.
+inline Record record_of(const PoolEvent& e) {
+  Record r;
+  switch (e.kind) {
+    case PoolEvent::Kind::grow: r.kind = EventKind::grow; break;
+    case PoolEvent::Kind::release: r.kind = EventKind::release; break;
+    case PoolEvent::Kind::fence_retired: r.kind = EventKind::fence_retired; break;
+    case PoolEvent::Kind::oom: r.kind = EventKind::oom; break;
+    case PoolEvent::Kind::vmm_given_back: r.kind = EventKind::vmm_release; break;
+  }
+  // The pool's own events say "pool"; a kept VMM mapping given back, "cupool" (format 2.2).
+  r.api = e.kind == PoolEvent::Kind::vmm_given_back ? "cupool" : "pool";
+  r.t_ns = e.t_ns;
+  r.dur_ns = e.dur_ns;
+  r.size = e.size;
+  r.ptr = e.ptr;
+  r.rc = e.driver_code;
+  r.tid = e.tid;
+  r.device = static_cast<std::int16_t>(e.device);
+  r.oom_class = e.oom;
+  r.has_pool = e.has_stats;
+  r.pool = e.stats;
+  return r;
+}
 
 // JSON keys, used by writer and reader alike.
 namespace key {

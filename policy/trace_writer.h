@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "config.h"
-#include "event_sink.h"
+#include "pool_events.h"
 #include "trace_schema.h"
 
 namespace cupool {
@@ -27,7 +27,7 @@ namespace cupool {
 // the pattern expanded for its pid; without it, processes after the first write "<path>.<pid>".
 bool has_pid_placeholder(std::string_view pattern);
 
-class TraceWriter final : public EventSink {
+class TraceWriter final : public PoolObserver {
  public:
   // A writer for the file Config::trace_path names ("%p" expanded). The file itself is created
   // (truncated, with its header) at the process's first event or device, not here: a process
@@ -42,7 +42,9 @@ class TraceWriter final : public EventSink {
   TraceWriter& operator=(const TraceWriter&) = delete;
 
   // Hot path. Any thread. A no-op once close() has begun.
-  void record(const trace::Record& record) override;
+  void record(const trace::Record& record);
+  // A pool's event (or a kept VMM mapping given back), as its trace line.
+  void pool_event(const PoolEvent& e) override { record(trace::record_of(e)); }
 
   // A device seen for the first time: writes a "device" line now; the footer lists every device.
   // Calling it again for the same device with the same data writes nothing.

@@ -81,7 +81,7 @@ class ReplayContext final : public Upstream {
 
 // One policy: its simulated devices, one ProcessMemory per recorded process (the object the shim
 // runs), and the Analysis of what they did.
-struct Replayer::Run : public EventSink {
+struct Replayer::Run : public PoolObserver {
   ReplayPolicy policy;
   Analysis analysis;
   std::uint64_t now = 0;       // the replay clock: the recorded event's time
@@ -139,7 +139,8 @@ struct Replayer::Run : public EventSink {
   trace::PoolStateDerivation derived;
 
   // The pools' own events (grow, release, oom, fence_retired) join the replayed stream.
-  void record(const trace::Record& r) override {
+  void pool_event(const PoolEvent& pe) override {
+    const trace::Record r = trace::record_of(pe);
     Event e;
     static_cast<trace::EventValues&>(e) = r;
     if (e.has_pool) derived.apply(e.pool);

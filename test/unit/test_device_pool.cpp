@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "device_pool.h"
+#include "trace_schema.h"
 #include "sim_upstream.h"
 
 using namespace cupool;
@@ -19,11 +20,12 @@ namespace {
 constexpr std::uint64_t MiB = 1ull << 20;
 constexpr std::uint64_t GiB = 1ull << 30;
 
-class RecordingSink : public EventSink {
+// The pool's events, as the trace writer would write them.
+class RecordingSink : public PoolObserver {
  public:
-  void record(const trace::Record& r) override {
+  void pool_event(const PoolEvent& e) override {
     std::lock_guard lock(mu);
-    events.push_back(r);
+    events.push_back(trace::record_of(e));
   }
   std::vector<trace::Record> of(EventKind k) {
     std::lock_guard lock(mu);
