@@ -1,5 +1,5 @@
 // Process-wide state of the shim: configuration, trace writer, and the process's memory (one
-// ProcessMemory, policy/process_memory.h). Hooks reach it only through here.
+// ProcessMemory, core/process_memory.h). Hooks reach it only through here.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +40,7 @@ bool tracing();
 std::uint64_t now_ns();
 void emit(const trace::Record& record);
 
-// The memory of one context (policy/process_memory.h). Its upstream is the shim's DriverUpstream.
+// The memory of one context (core/process_memory.h). Its upstream is the shim's DriverUpstream.
 using ContextPool = ContextMemory;
 inline DriverUpstream& driver_upstream(const ContextPool& cp) { return *static_cast<DriverUpstream*>(cp.upstream); }
 

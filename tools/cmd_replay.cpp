@@ -175,7 +175,7 @@ int cmd_replay(const std::vector<std::string>& raw) {
         continue;
       }
       vars["CUPOOL_POLICY"] = name;
-      // The replayed configuration is read by the same table as the library's (policy/options.cpp).
+      // The replayed configuration is read by the same table as the library's (core/options.cpp).
       auto parsed = parse_options([&](const char* var) -> const char* {
         auto it = vars.find(var);
         return it == vars.end() ? nullptr : it->second.c_str();

@@ -1,4 +1,4 @@
-// One trace file opened for reading: the streaming reader (policy/trace_reader.h) plus what the
+// One trace file opened for reading: the streaming reader (trace/trace_reader.h) plus what the
 // tools want from its header. The only file of tools/ that knows the reader's API.
 #pragma once
 

@@ -1,4 +1,4 @@
-// libFuzzer target: the trace reader (policy/trace_reader.h) on any bytes, plain, gzip or zstd.
+// libFuzzer target: the trace reader (trace/trace_reader.h) on any bytes, plain, gzip or zstd.
 //
 // Reads the input as `cupool report` does: the header, then every event to the end. A broken
 // trace must end in a TraceError and nothing else (any other exception escapes and is reported

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes the trace reader's seed corpus (test/fuzz/corpus/trace_reader/seed-*): a few small traces
-with every line kind, as libcupool.so writes them (policy/trace_writer.cpp) or as
+with every line kind, as libcupool.so writes them (trace/trace_writer.cpp) or as
 test/tools/gen_trace.py does, plain, gzip and zstd. Run by hand when the format changes; the
 files are checked in. Regression inputs (crash-*) found by fuzzing are kept beside them.
 

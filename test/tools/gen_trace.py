@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Deterministic cupool traces for the tools' tests, in the format libcupool.so writes
-(policy/trace_schema.h, docs/trace-format.md).
+(trace/trace_schema.h, docs/trace-format.md).
 
   gen_trace.py SCENARIO OUT [--events N] [--pid P] [--seed S]
 
@@ -13,7 +13,7 @@ Scenarios:
   interleaved  a free written before its allocation (two threads' buffers drained out of order)
   killed       like rank, without a footer (the process was killed)
   big          --events N allocation/free events of a growth pool, for the speed test
-The pool model here only has to be self-consistent; the real pool is policy/device_pool.cpp.
+The pool model here only has to be self-consistent; the real pool is core/device_pool.cpp.
 """
 import argparse
 import json

@@ -53,7 +53,7 @@ struct OptionError {
 std::variant<Config, OptionError> parse_options(const std::function<const char*(const char*)>& lookup);
 
 // "<pid>:<CUPOOL_TRACE>", set by the first traced process for the processes it starts
-// (policy/trace_writer.cpp): not an option, and not warned about.
+// (trace/trace_writer.cpp): not an option, and not warned about.
 inline constexpr const char* kTraceRootVariable = "CUPOOL_TRACE_ROOT_PID";
 // Where `cupool run` finds libcupool.so (tools/cmd_run.cpp): the command's, which the programs it
 // runs inherit; not an option of the library, and not warned about.
@@ -69,7 +69,7 @@ std::string describe(const Config& config);
 
 // The effective configuration as a JSON object (text), for the trace header. Sizes are bytes;
 // a percent is {"percent":50}; durations are nanoseconds; "never"/"none" are null.
-// The trace reader decodes it (decode_config, policy/trace_reader.h); a unit test round-trips it.
+// The trace reader decodes it (decode_config, trace/trace_reader.h); a unit test round-trips it.
 std::string config_json(const Config& config);
 
 // The names config_json writes, and back.

@@ -1,5 +1,5 @@
-// The one description of the trace format, shared by the writer (policy/trace_writer.*) and the
-// reader (policy/trace_reader.*). docs/trace-format.md documents it; a test checks the two agree.
+// The one description of the trace format, shared by the writer (trace/trace_writer.*) and the
+// reader (trace/trace_reader.*). docs/trace-format.md documents it; a test checks the two agree.
 #pragma once
 
 #include <algorithm>
@@ -226,7 +226,7 @@ inline constexpr const char* host = "host";
 inline constexpr const char* cmdline = "cmdline";
 inline constexpr const char* start_unix_ns = "start_unix_ns";
 inline constexpr const char* start_mono_ns = "start_mono_ns";
-inline constexpr const char* config = "config";    // config_json (policy/options.h), decode_config
+inline constexpr const char* config = "config";    // config_json (core/options.h), decode_config
 inline constexpr const char* devices = "devices";  // devices known when the file was opened
 }  // namespace header_key
 namespace device_key {  // device lines, and the devices of the footer

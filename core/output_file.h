@@ -1,4 +1,4 @@
-// Creating the files cupool writes: traces (policy/trace_writer.cpp), and the cupool command's
+// Creating the files cupool writes: traces (trace/trace_writer.cpp), and the cupool command's
 // reports and exports (tools/output.cpp). Traces are often written to world-writable directories
 // (/tmp), where another user can plant a symbolic link or a file of their own at the path: the
 // file is opened without following a link, must belong to the caller, and is readable by its

@@ -1,6 +1,6 @@
 // The upstream interface: how a pool sees device memory. The shim implements it with the
 // real CUDA driver (shim/driver_upstream.cpp); test/ and the replay tool implement it with a
-// simulated device (policy/sim_upstream.h). The pool knows nothing of CUDA.
+// simulated device (tools/sim_upstream.h). The pool knows nothing of CUDA.
 #pragma once
 
 #include <cstddef>
