@@ -35,53 +35,9 @@ std::atomic<std::uint64_t> g_next_pool_id{1};
 
 }  // namespace
 
-// ---- thread caches: which pools are alive, and each thread's caches -----------------------------
-
-// Live pools by id, so that a thread that exits can give its caches back to pools that still
-// exist. Never destroyed: threads exit until the very end of the process.
-struct ThreadCacheRegistry {
-  static std::mutex*& mutex_ptr() {
-    static std::mutex* m = new std::mutex;
-    return m;
-  }
-  static std::mutex& mutex() { return *mutex_ptr(); }
-  static std::unordered_map<std::uint64_t, DevicePool*>& pools() {
-    static auto* p = new std::unordered_map<std::uint64_t, DevicePool*>;
-    return *p;
-  }
-  static bool alive(std::uint64_t id) {
-    std::lock_guard g(mutex());
-    return pools().count(id) != 0;
-  }
-  static void retire(std::uint64_t id, ThreadCache* cache) {
-    std::lock_guard g(mutex());  // held throughout: the pool cannot be destroyed meanwhile
-    if (auto it = pools().find(id); it != pools().end()) it->second->retire_cache(cache);
-  }
-};
-
-namespace {
-// This thread's caches, by pool id (ids are never reused, so a destroyed pool's entry never
-// matches again). Given back when the thread exits.
-struct ThreadCaches {
-  struct Ref {
-    std::uint64_t pool_id = 0;
-    ThreadCache* cache = nullptr;
-  };
-  std::array<Ref, 8> refs{};
-  ~ThreadCaches() {
-    for (Ref& r : refs)
-      if (r.cache) ThreadCacheRegistry::retire(r.pool_id, r.cache);
-  }
-};
-thread_local ThreadCaches t_caches;
-}  // namespace
-
 DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer)
     : cfg_(cfg), device_(device), up_(upstream), observer_(observer), clock_(&event_clock), id_(g_next_pool_id++) {
-  {
-    std::lock_guard g(ThreadCacheRegistry::mutex());
-    ThreadCacheRegistry::pools()[id_] = this;
-  }
+  thread_caches::add_owner(id_, this);
   std::size_t total = 0, free = 0;
   up_.device_memory(&total, &free);
   device_total_ = total;
@@ -97,10 +53,7 @@ DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolOb
 }
 
 DevicePool::~DevicePool() {
-  {
-    std::lock_guard g(ThreadCacheRegistry::mutex());
-    ThreadCacheRegistry::pools().erase(id_);
-  }
+  thread_caches::remove_owner(id_);
   if (abandoned_) return;
   sub_.for_each_chunk([&](std::uint32_t id, std::uint64_t, std::size_t) {
     up_.release(reservations_[id].base, reservations_[id].size);
@@ -549,19 +502,9 @@ ThreadCache* DevicePool::my_cache(bool create) {
     caches_.push_back(std::make_unique<ThreadCache>());
     return recorded_caches_[*recorded_thread_] = caches_.back().get();
   }
-  for (const auto& r : t_caches.refs)
-    if (r.pool_id == id_) return r.cache;
+  if (ThreadCache* c = thread_caches::mine(id_)) return c;
   if (!create) return nullptr;
-  ThreadCaches::Ref* slot = nullptr;
-  for (int pass = 0; pass < 2 && slot == nullptr; ++pass) {
-    for (auto& r : t_caches.refs) {
-      if (r.cache == nullptr || (pass == 1 && !ThreadCacheRegistry::alive(r.pool_id))) {
-        slot = &r;  // empty, or (second pass) the cache of a pool since destroyed
-        break;
-      }
-    }
-  }
-  if (slot == nullptr) return nullptr;  // this thread uses more pools than it keeps caches for
+  if (!thread_caches::room()) return nullptr;  // this thread uses more pools than it keeps caches for
   ThreadCache* cache = nullptr;
   {
     Lock lk(mu_);
@@ -581,7 +524,7 @@ ThreadCache* DevicePool::my_cache(bool create) {
       cache = caches_.back().get();
     }
   }
-  *slot = ThreadCaches::Ref{id_, cache};
+  thread_caches::adopt(id_, cache);
   return cache;
 }
 
@@ -859,8 +802,7 @@ void DevicePool::trim() {
 }
 
 void DevicePool::after_fork_in_child() {
-  // A thread the child lacks may have held it at the fork: a new one (the old one is leaked).
-  ThreadCacheRegistry::mutex_ptr() = new std::mutex;
+  thread_caches::after_fork_in_child();
 }
 
 void DevicePool::abandon_after_fork() {

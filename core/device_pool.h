@@ -37,7 +37,7 @@ enum class FreeResult {
   double_free,  // inside the pool but not a live block (already freed, or still in quarantine)
 };
 
-class DevicePool {
+class DevicePool final : public ThreadCacheOwner {
  public:
   // A time source (ns). Default: the trace's EventClock (CLOCK_MONOTONIC). Tests and replay inject their own.
   using Clock = std::uint64_t (*)(void* ctx);
@@ -152,9 +152,8 @@ class DevicePool {
   void reclaim_large_locked(ThreadCache* cache);
   void give_back_locked(std::uint64_t ptr);
   Suballocator::FreeStatus quarantine_locked(std::uint64_t ptr, std::size_t* size);
-  void retire_cache(ThreadCache* cache);
+  void retire_cache(ThreadCache* cache) override;
   void publish_ranges_locked();
-  friend struct ThreadCacheRegistry;
 
   AllocResult allocate_slow(Lock& lk, std::size_t size);
   bool wait_for_growth(Lock& lk);

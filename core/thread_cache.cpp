@@ -1,5 +1,8 @@
 #include "thread_cache.h"
 
+#include <mutex>
+#include <unordered_map>
+
 namespace cupool {
 
 static_assert((ThreadCache::kLiveSlots & (ThreadCache::kLiveSlots - 1)) == 0);
@@ -101,5 +104,74 @@ bool ThreadCache::holds(std::uint64_t ptr) const {
       if (b.ptrs[static_cast<std::size_t>(i)] == ptr) return true;
   return false;
 }
+
+// ---- which owners are alive, and each thread's caches ---------------------------------------
+
+namespace thread_caches {
+namespace {
+
+std::mutex*& registry_mutex() {
+  static std::mutex* m = new std::mutex;
+  return m;
+}
+std::unordered_map<std::uint64_t, ThreadCacheOwner*>& owners() {
+  static auto* p = new std::unordered_map<std::uint64_t, ThreadCacheOwner*>;
+  return *p;
+}
+bool alive(std::uint64_t id) {
+  std::lock_guard g(*registry_mutex());
+  return owners().count(id) != 0;
+}
+
+struct Mine {
+  struct Ref {
+    std::uint64_t owner = 0;
+    ThreadCache* cache = nullptr;
+  };
+  std::array<Ref, 8> refs{};
+  ~Mine() {
+    for (Ref& r : refs) {
+      if (r.cache == nullptr) continue;
+      std::lock_guard g(*registry_mutex());  // held throughout: the owner cannot be destroyed meanwhile
+      if (auto it = owners().find(r.owner); it != owners().end()) it->second->retire_cache(r.cache);
+    }
+  }
+  Mine::Ref* free_slot() {
+    for (int pass = 0; pass < 2; ++pass)
+      for (auto& r : refs)
+        if (r.cache == nullptr || (pass == 1 && !alive(r.owner))) return &r;  // empty, or an owner's since destroyed
+    return nullptr;
+  }
+};
+thread_local Mine t_mine;
+
+}  // namespace
+
+void add_owner(std::uint64_t id, ThreadCacheOwner* owner) {
+  std::lock_guard g(*registry_mutex());
+  owners()[id] = owner;
+}
+
+void remove_owner(std::uint64_t id) {
+  std::lock_guard g(*registry_mutex());
+  owners().erase(id);
+}
+
+ThreadCache* mine(std::uint64_t id) {
+  for (const auto& r : t_mine.refs)
+    if (r.owner == id) return r.cache;
+  return nullptr;
+}
+
+bool room() { return t_mine.free_slot() != nullptr; }
+
+void adopt(std::uint64_t id, ThreadCache* cache) {
+  if (Mine::Ref* slot = t_mine.free_slot()) *slot = Mine::Ref{id, cache};
+}
+
+// A thread the child lacks may have held the lock at the fork: a new one (the old one is leaked).
+void after_fork_in_child() { registry_mutex() = new std::mutex; }
+
+}  // namespace thread_caches
 
 }  // namespace cupool

@@ -86,4 +86,27 @@ class ThreadCache {
   std::size_t live_count_ = 0;
 };
 
+// Who owns caches (a DevicePool): a thread that exits gives its cache back to its owner.
+class ThreadCacheOwner {
+ public:
+  virtual void retire_cache(ThreadCache* cache) = 0;
+
+ protected:
+  ~ThreadCacheOwner() = default;
+};
+
+// Each thread's caches, by owner id (ids are never reused, so a destroyed owner's entry never
+// matches again), and the owners alive: a thread that exits gives its caches back to owners that
+// still exist. Never destroyed: threads exit until the very end of the process.
+namespace thread_caches {
+void add_owner(std::uint64_t id, ThreadCacheOwner* owner);
+void remove_owner(std::uint64_t id);
+ThreadCache* mine(std::uint64_t id);  // this thread's cache of owner `id`, or nullptr
+// Can this thread keep one more cache (a free slot, or one of an owner since destroyed)?
+bool room();
+// `cache` is this thread's for owner `id` from now on (after room() said yes).
+void adopt(std::uint64_t id, ThreadCache* cache);
+void after_fork_in_child();  // once per child: the registry's lock may have been held
+}  // namespace thread_caches
+
 }  // namespace cupool
