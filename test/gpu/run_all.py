@@ -8,7 +8,7 @@ the run without cupool, a trace that saw nothing) is a failed check, not a row.
 
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
 Groups: compat (frameworks under passthrough), inflight, bench, rounds, steps, quarantine, vmm,
-xlasync, policies.
+xlasync, policies, replay (each framework trace replayed under its recorded configuration).
 """
 import json
 import os
@@ -414,6 +414,52 @@ if wanted("xlasync"):
 if wanted("policies"):
     p = subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, OUT])
     check("policies: every experiment ran", p.returncode == 0, f"run_policies.py exited {p.returncode}")
+
+# ---- Issue 13: replay runs what the shim runs -------------------------------------------------------
+# A framework run under cupool, then `cupool replay --policy recorded` of its trace: the same
+# ProcessMemory on a simulated device of the H200's size. Where the run's decisions did not depend
+# on the device's timing, the replay must find its reserved bytes and out-of-memory events; the
+# rows say how close each is (PyTorch allocates from two threads: the main one and autograd's).
+if wanted("replay"):
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    cupool_cmd = os.path.join(BUILD, "tools", "cupool")
+    cases = [
+        ("replay-torch-nocache-growth-sync", TRANSFORMER_WITH_STATS, nocache, {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}),
+        ("replay-torch-nocache-growth-deferred", TRANSFORMER_WITH_STATS, nocache, {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}),
+        ("replay-torch-nocache-preallocate-deferred", TRANSFORMER_WITH_STATS, nocache,
+         {"CUPOOL_POLICY": "preallocate", "CUPOOL_FREE": "deferred", "CUPOOL_PREALLOCATE": "8GiB"}),
+        ("replay-torch-nocache-growth-limit", TRANSFORMER_WITH_STATS, nocache,
+         {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync", "CUPOOL_LIMIT": "1GiB"}),
+        ("replay-torch-nocache-passthrough", TRANSFORMER_WITH_STATS, nocache, {"CUPOOL_POLICY": "passthrough"}),
+        ("replay-jax-platform-growth-deferred", [PY, JAX_MLP], {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"},
+         {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}),
+    ]
+    for name, cmd, env, shim in cases:
+        r = run(name, cmd, dict(env, MODE=name), shim=shim)
+        traced(r)
+        prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", name) + "."
+        files = sorted(os.path.join(TRACES, f) for f in os.listdir(TRACES) if f.startswith(prefix))
+        rp = subprocess.run([cupool_cmd, "replay", "--json", "--no-progress", "--policy", "recorded"] + files,
+                            capture_output=True, text=True, timeout=600)
+        try:
+            out = json.loads(rp.stdout)
+        except ValueError:
+            out = None
+        ok = rp.returncode in (0, 1) and out is not None and out["events"] > 0
+        if check(f"{name}: cupool replay --policy recorded read the whole trace", ok,
+                 f"rc {rp.returncode}, {out['events'] if out else 0} events, {len(files)} files {rp.stderr[-300:]}"):
+            rec = {d["device"]: d for d in out["recorded"]["devices"]}
+            rep = {d["device"]: d for d in out["policies"][0]["devices"]}
+            keys = ["peak_in_use", "peak_reserved", "chunks_taken", "chunk_bytes_taken", "failed_allocs"]
+            r["replay"] = {"recorded": {k: sum(d[k] for d in rec.values()) for k in keys},
+                           "replayed": {k: sum(d[k] for d in rep.values()) for k in keys},
+                           "recorded_ooms": out["recorded"]["oom_count"], "replayed_ooms": out["policies"][0]["oom_count"],
+                           "events": out["events"], "config": out["policies"][0]["config"]}
+            r["replay"]["exact"] = (r["replay"]["recorded"] == r["replay"]["replayed"] and
+                                    r["replay"]["recorded_ooms"] == r["replay"]["replayed_ooms"])
+            print(f"   replay: exact {r['replay']['exact']}: recorded {r['replay']['recorded']} ooms "
+                  f"{r['replay']['recorded_ooms']}; replayed {r['replay']['replayed']} ooms {r['replay']['replayed_ooms']}",
+                  flush=True)
 
 check_transformer_losses()
 
