@@ -56,6 +56,11 @@ struct Config {
   std::uint64_t trace_flush_ns = 100'000'000;        // the writer flushes at least this often
   std::uint32_t trace_buffer_events = 16384;         // per-thread buffer, in events
   std::string log_level = "info";
+  // CUPOOL_SHARE*: a budget shared with the other processes on the node that name it.
+  std::string share;                                 // empty: none
+  LimitSpec share_limit;                             // the budget per device
+  std::uint64_t share_wait_ns = 0;                   // how long an allocation may wait for room
+  bool share_group = false;                          // the segment is the group's (0660), not the user's
   bool operator==(const Config&) const = default;
 };
 

@@ -319,6 +319,41 @@ std::optional<std::string> parse_release(std::string_view v, Config& c) {
   return std::nullopt;
 }
 
+std::optional<std::string> parse_share(std::string_view v, Config& c) {
+  v = trim(v);
+  if (v.size() > 64) return std::string("at most 64 characters");
+  for (char ch : v)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.'))
+      return "the character " + quoted(std::string_view(&ch, 1)) + " is not allowed";
+  c.share = std::string(v);
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_share_limit(std::string_view v, Config& c) {
+  Config scratch;
+  if (auto why = parse_limit(v, scratch)) return why;
+  c.share_limit = scratch.limit;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_share_wait(std::string_view v, Config& c) {
+  v = trim(v);
+  if (v == "0") {
+    c.share_wait_ns = 0;
+    return std::nullopt;
+  }
+  std::uint64_t ns = 0;
+  std::string why;
+  if (!parse_duration(v, ns, why)) return why;
+  c.share_wait_ns = ns;
+  return std::nullopt;
+}
+
+std::optional<std::string> parse_share_access(std::string_view v, Config& c) {
+  static constexpr std::array<std::pair<std::string_view, bool>, 2> kNames{{{"user", false}, {"group", true}}};
+  return parse_enum(v, kNames, c.share_group);
+}
+
 std::optional<std::string> parse_trace(std::string_view v, Config& c) {
   c.trace_path = std::string(v);
   return std::nullopt;
@@ -384,6 +419,28 @@ std::string format_duration(std::uint64_t ns) {
   return fmt::format("{}ns", ns);
 }
 
+void append_size_json(std::string& out, const SizeSpec& s);
+
+// A LimitSpec as the header writes it: null, or {"all": size|null, "devices": {"1": size}}.
+void append_limit_json(std::string& out, const LimitSpec& l) {
+  if (!l.all && l.per_device.empty()) {
+    out += "null";
+    return;
+  }
+  out += "{\"all\":";
+  if (l.all) append_size_json(out, *l.all);
+  else out += "null";
+  out += ",\"devices\":{";
+  bool first = true;
+  for (const auto& [d, s] : l.per_device) {
+    if (!first) out += ',';
+    first = false;
+    out += fmt::format("\"{}\":", d);
+    append_size_json(out, s);
+  }
+  out += "}}";
+}
+
 void append_size_json(std::string& out, const SizeSpec& s) {
   if (s.is_percent()) out += fmt::format("{{\"percent\":{}}}", s.percent);
   else out += fmt::format("{{\"bytes\":{}}}", s.bytes);
@@ -444,6 +501,19 @@ const std::array<OptionInfo, kOptionCount> kOptions = {{
   {"CUPOOL_VMM_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
    "Keep whole virtual-memory mappings (cuMemCreate + cuMemAddressReserve + cuMemMap) the program frees and hand them back when it asks for the same size again, with no driver call (growth and preallocate only).",
    parse_vmm_cache},
+  {"CUPOOL_SHARE", "name", "unset (no shared budget)", "1 to 64 letters, digits, '-', '_' or '.'",
+   "Draw device memory from a budget shared by every process on the node that names it (CUPOOL_SHARE_LIMIT); the process's own CUPOOL_LIMIT still holds.",
+   parse_share},
+  {"CUPOOL_SHARE_LIMIT", "size or percent, per device", "none",
+   "as CUPOOL_LIMIT: 60GiB, 50%, 0:60GiB,1:40GiB",
+   "The shared budget per device; every member of a budget gives the same value.",
+   parse_share_limit},
+  {"CUPOOL_SHARE_WAIT", "duration", "0", "0, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
+   "How long an allocation that does not fit in the shared budget waits for other members to give memory back before it fails with out-of-memory (class share).",
+   parse_share_wait},
+  {"CUPOOL_SHARE_ACCESS", "enum", "user", "user, group",
+   "Who may join the budget: processes of the same user (the segment is 0600), or of the same group (0660).",
+   parse_share_access},
   {"CUPOOL_TRACE", "path", "unset (no trace)", "a file path; %p becomes the process id, %% a single %",
    "Write a JSON Lines trace of every device allocation to this file (docs/trace-format.md).",
    parse_trace},
@@ -487,6 +557,17 @@ std::variant<Config, OptionError> parse_options(const std::function<const char*(
       message += fmt::format(" is not valid: it is less than CUPOOL_GROWTH_CHUNK ({}); accepted: a size at least CUPOOL_GROWTH_CHUNK",
                              format_size(config.growth_chunk));
       return OptionError{"CUPOOL_GROWTH_CHUNK_MAX", std::move(message)};
+    }
+  }
+  // A budget's limit, wait or access without a budget to apply them to is a mistake, not a no-op.
+  if (config.share.empty()) {
+    for (const char* name : {"CUPOOL_SHARE_LIMIT", "CUPOOL_SHARE_WAIT", "CUPOOL_SHARE_ACCESS"}) {
+      const char* v = lookup(name);
+      if (v == nullptr || *v == '\0') continue;
+      std::string message = std::string("cupool: ") + name + "=";
+      append_json_string(message, v);
+      message += " is not valid: it applies to a shared budget, and CUPOOL_SHARE is not set; accepted: set CUPOOL_SHARE too";
+      return OptionError{name, std::move(message)};
     }
   }
   return config;
@@ -536,23 +617,31 @@ std::string format_size_spec(const SizeSpec& spec) {
   return spec.is_percent() ? fmt::format("{}%", spec.percent) : format_size(spec.bytes);
 }
 
-std::string describe(const Config& c) {
-  std::string limit;
-  if (c.limit.all) limit = format_size_spec(*c.limit.all);
-  for (const auto& [d, s] : c.limit.per_device) {
-    if (!limit.empty()) limit += ',';
-    limit += fmt::format("{}:{}", d, format_size_spec(s));
+std::string limit_text(const LimitSpec& l) {
+  std::string out;
+  if (l.all) out = format_size_spec(*l.all);
+  for (const auto& [d, s] : l.per_device) {
+    if (!out.empty()) out += ',';
+    out += fmt::format("{}:{}", d, format_size_spec(s));
   }
-  if (limit.empty()) limit = "none";
+  return out.empty() ? std::string("none") : out;
+}
+
+std::string describe(const Config& c) {
+  const std::string limit = limit_text(c.limit);
   return fmt::format(
       "policy={} free={} limit={} preallocate={} preallocate_grow={} growth_chunk={} growth_chunk_max={} "
-      "release={} thread_cache={} vmm_cache={} trace={} trace_flush_ms={} trace_buffer={} log={}",
+      "release={} thread_cache={} vmm_cache={} trace={} trace_flush_ms={} trace_buffer={} log={}{}",
       kPolicyNames[static_cast<int>(c.policy)], kFreeNames[static_cast<int>(c.free_mode)], limit,
       format_size_spec(c.preallocate), c.preallocate_grow, format_size(c.growth_chunk), format_size(c.growth_chunk_max),
       c.release_idle_ns ? format_duration(*c.release_idle_ns) : std::string("never"), c.thread_cache ? "on" : "off",
       c.vmm_cache ? "on" : "off",
       c.trace_path.empty() ? std::string("off") : c.trace_path, c.trace_flush_ns / 1'000'000, c.trace_buffer_events,
-      c.log_level);
+      c.log_level,
+      c.share.empty() ? std::string()
+                      : fmt::format(" share={} share_limit={} share_wait={} share_access={}", c.share,
+                                    limit_text(c.share_limit), c.share_wait_ns ? format_duration(c.share_wait_ns) : "0",
+                                    c.share_group ? "group" : "user"));
 }
 
 std::string config_json(const Config& c) {
@@ -588,6 +677,11 @@ std::string config_json(const Config& c) {
   out += fmt::format(",\"trace_flush_ns\":{},\"trace_buffer_events\":{},\"log_level\":", c.trace_flush_ns,
                      c.trace_buffer_events);
   append_json_string(out, c.log_level);
+  out += ",\"share\":";
+  append_json_string(out, c.share);
+  out += ",\"share_limit\":";
+  append_limit_json(out, c.share_limit);
+  out += fmt::format(",\"share_wait_ns\":{},\"share_access\":\"{}\"", c.share_wait_ns, c.share_group ? "group" : "user");
   out += '}';
   return out;
 }

@@ -71,7 +71,7 @@ TEST_CASE("the table names every variable once, with everything filled in", "[op
     CHECK(!o.meaning.empty());
     CHECK(o.parse != nullptr);
   }
-  CHECK(names.size() == 14);
+  CHECK(names.size() == 18);
 }
 
 TEST_CASE("CUPOOL_POLICY", "[options]") {

@@ -343,6 +343,13 @@ TEST_CASE("the recorded configuration decodes to the configuration that was enco
     c.trace_flush_ns = rng();
     c.trace_buffer_events = static_cast<std::uint32_t>(rng());
     c.log_level = i % 3 ? "info" : "debug";
+    if (i % 4 == 0) {
+      c.share = "train-" + std::to_string(i);
+      if (rng() % 2) c.share_limit.all = size();
+      if (rng() % 2) c.share_limit.per_device.emplace_back(1, size());
+      c.share_wait_ns = rng() % 2 ? rng() : 0;
+      c.share_group = rng() % 2;
+    }
     std::string why;
     const auto back = decode_config(nlohmann::json::parse(config_json(c)), &why);
     INFO(config_json(c) << " " << why);

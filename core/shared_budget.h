@@ -1,0 +1,141 @@
+// SharedBudget: a memory budget per device that the processes on one node naming it share
+// (CUPOOL_SHARE, CUPOOL_SHARE_LIMIT). Its state lives in a POSIX shared-memory segment
+// (/dev/shm/cupool-share-<uid or g<gid>>-<name>), mode 0600 (0660 with CUPOOL_SHARE_ACCESS=group),
+// holding one slot per member process. docs/design.md ("Sharing a device") explains the rules:
+// - Admission cannot be raced and needs no lock: a member adds its claim to its own slot, then
+//   sums every slot; if the sum passes the budget it takes its claim back and is refused (or
+//   waits). With sequentially consistent atomics, of any set of claims that all pass, the last
+//   to be added saw all the others, so what passed never exceeds the budget (test/unit:
+//   exhaustive check of every interleaving of the protocol, and a many-process stress test).
+// - No lock is ever held across processes, so none can be left held by a dead one. A member's
+//   slot names its pid and the start time of that pid (/proc/<pid>/stat), so a member that
+//   died, however it died, is told from a new process with its pid, and its bytes are
+//   reclaimed by the next member that would otherwise be refused.
+// - A forked child is a member of its own: it claims a slot of its own at its first admission.
+// - A member may wait for room (CUPOOL_SHARE_WAIT): it says how much it waits for, the others'
+//   give-back threads return their wholly free chunks, and each release wakes the waiters.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config.h"
+
+namespace cupool {
+
+class SharedBudget {
+ public:
+  static constexpr int kMaxMembers = 256;
+  static constexpr int kMaxDevices = 16;
+  static constexpr std::uint64_t kMagic = 0x31'6572'6168'5350'43ull;  // "CPShare1"
+  static constexpr std::uint32_t kLayoutVersion = 1;
+
+  // The shared segment, as every member maps it. Plain atomics only: address-free, lock-free.
+  struct Slot {
+    // 0: free. Otherwise pid << 8 | state (kClaiming, kLive, kReclaiming).
+    std::atomic<std::uint64_t> owner;
+    std::atomic<std::uint64_t> start_ticks;  // the pid's start time (clock ticks after boot)
+    std::atomic<std::uint64_t> held[kMaxDevices];     // claims: admitted bytes, and claims being decided
+    std::atomic<std::uint64_t> in_use[kMaxDevices];   // published by the member (for top)
+    std::atomic<std::uint64_t> reserved[kMaxDevices];
+    std::atomic<std::uint64_t> waiting[kMaxDevices];  // bytes it waits for room for, now
+    std::atomic<std::uint64_t> ooms;                  // refusals for want of room in the budget
+    char command[48];                                 // the member's command name
+  };
+  struct Segment {
+    std::uint64_t magic;
+    std::uint32_t layout;
+    std::uint32_t max_members, max_devices;
+    std::atomic<std::uint32_t> ready;   // 1 once the creator has filled in what follows
+    char limit[256];                    // CUPOOL_SHARE_LIMIT as the creator gave it (normalized)
+    std::uint64_t created_unix_ns;
+    std::atomic<std::uint32_t> released_seq;  // futex word: bumped at every release (waiters wake)
+    std::atomic<std::uint32_t> wanted_seq;    // futex word: bumped when a member starts waiting
+    std::atomic<std::uint32_t> waiters;       // members waiting now
+    Slot slots[kMaxMembers];
+  };
+  static constexpr std::uint64_t kClaiming = 1, kLive = 2, kReclaiming = 3;
+
+  // Joins budget `name` (created if it does not exist) with `limit` per device; the limit must
+  // be the one the budget was created with. Null and *error (one line "cupool: ...") on failure.
+  static std::unique_ptr<SharedBudget> join(const std::string& name, const LimitSpec& limit, bool group,
+                                            std::string* error);
+  // A read-only view of an existing segment (cupool top): no slot is claimed.
+  static std::unique_ptr<SharedBudget> observe(const std::string& segment_path, std::string* error);
+  ~SharedBudget();
+  SharedBudget(const SharedBudget&) = delete;
+  SharedBudget& operator=(const SharedBudget&) = delete;
+
+  // The segment's name in /dev/shm for budget `name` of this user (or group).
+  static std::string segment_name(const std::string& name, bool group);
+  const std::string& name() const { return name_; }
+  const LimitSpec& limit() const { return limit_; }
+
+  // The budget on `device` (whose memory is `device_total`), or nothing if it has none.
+  std::optional<std::uint64_t> budget(int device, std::uint64_t device_total) const;
+  // Takes `bytes` on `device`. With no room, reclaims dead members' bytes, then waits up to
+  // wait_ns for others to give memory back. False: refused.
+  bool admit(int device, std::uint64_t device_total, std::uint64_t bytes, std::uint64_t wait_ns);
+  // One attempt, no reclaim, no wait (the protocol's step; the tests drive it).
+  bool try_admit(int device, std::uint64_t budget, std::uint64_t bytes);
+  void release(int device, std::uint64_t bytes);
+  // What the budget still allows on `device`; nothing when it has no budget there.
+  std::optional<std::uint64_t> room(int device, std::uint64_t device_total) const;
+  std::uint64_t held_total(int device) const;  // every member's claims
+  std::uint64_t held_mine(int device) const;
+  // Slots of members that are gone (pid not running, or running but started at another time)
+  // are emptied; their bytes are free again. Returns the bytes reclaimed.
+  std::uint64_t reclaim_dead();
+  // Who holds what on `device`, for an out-of-memory message: "pid 12 (python) 40.0 GiB, ...".
+  std::string holders(int device) const;
+  // The member's own figures, for `cupool top`.
+  void publish(int device, std::uint64_t in_use, std::uint64_t reserved);
+  void note_oom();
+
+  // Give-back: `give_back` runs on a thread of this process whenever another member starts
+  // waiting for room (it should return wholly free memory to the driver, which releases it).
+  void serve_give_back(std::function<void()> give_back);
+
+  // In a forked child: the parent's slot is not the child's (a new one is claimed when needed);
+  // the give-back thread did not survive the fork.
+  void after_fork_in_child();
+
+  // For `cupool top` and the metrics: every member slot in use.
+  struct Member {
+    int pid = 0;
+    std::uint64_t start_ticks = 0;
+    std::string command;
+    bool alive = false;
+    std::uint64_t held[kMaxDevices] = {}, in_use[kMaxDevices] = {}, reserved[kMaxDevices] = {},
+                  waiting[kMaxDevices] = {};
+    std::uint64_t ooms = 0;
+  };
+  std::vector<Member> members() const;
+  std::string limit_text() const;
+
+  // The start time of `pid` (field 22 of /proc/<pid>/stat), or 0 if it is not running.
+  static std::uint64_t start_ticks_of(int pid);
+  static bool alive(int pid, std::uint64_t start_ticks);
+
+ private:
+  SharedBudget() = default;
+  Slot* my_slot();  // claimed at first use
+  void stop_give_back();
+
+  std::string name_;
+  LimitSpec limit_;
+  Segment* seg_ = nullptr;
+  bool read_only_ = false;
+  std::atomic<Slot*> mine_{nullptr};
+  int my_pid_ = 0;
+  std::thread* give_back_ = nullptr;  // never destroyed in a fork child, where it is not ours
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace cupool
