@@ -27,7 +27,7 @@ PY = sys.executable
 if "CUPOOL_RUN_HEADER" not in os.environ:
     sys.exit("run_all.py: run it through test/gpu/run_all.sh, which records the build and the machine")
 HEADER = json.load(open(os.environ["CUPOOL_RUN_HEADER"]))
-results = []
+runs = []  # every run of this call, in order (not `results`: that is the helper module)
 checks = []
 
 
@@ -129,7 +129,7 @@ def run(name, cmd, env_extra=None, shim=None, timeout=150):
     print(f"[{wall:6.1f}s] {name}: rc={rc}", flush=True)
     if rc != 0:
         print("   stderr:", err[-800:].replace("\n", "\n   "), flush=True)
-    results.append(r)
+    runs.append(r)
     return r
 
 
@@ -287,7 +287,7 @@ if wanted("rounds"):
         run(f"round{i}-deferred-trace-off", [exe, "malloc", f"round {i}: cupool growth deferred, trace off"],
             shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred", "CUPOOL_TRACE": ""})
         run(f"round{i}-async", [exe, "async", f"round {i}: cudaMallocAsync+cudaFreeAsync"])
-    for r in results:
+    for r in runs:
         if r["name"].startswith("round"):
             rows = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
             print(f'   {r["name"]}: ' + " ".join(f'{x["bytes"]}/{x["threads"]}:{x["median_ns"]}' for x in rows), flush=True)
@@ -465,11 +465,11 @@ check_transformer_losses()
 
 tag = "-".join(sorted(ONLY)) if ONLY else "all"
 with open(os.path.join(OUT, f"results-{tag}.json"), "w") as f:
-    json.dump({"header": HEADER, "checks": checks, "runs": results}, f, indent=1)
+    json.dump({"header": HEADER, "checks": checks, "runs": runs}, f, indent=1)
 
 # ---- A short table ---------------------------------------------------------------------------
 lines = ["| run | rc | result | trace: allocs (api:path) | peak reserved |", "|---|---|---|---|---|"]
-for r in results:
+for r in runs:
     out = r["stdout"]
     res = []
     for pat, label in ((r"step=([\d.]+) ms", "step ms"), (r"loss=([\d.]+)", "loss")):
