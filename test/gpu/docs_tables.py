@@ -64,14 +64,14 @@ def allocs(r):
 # ---- the tables --------------------------------------------------------------------------------
 
 def compat_suite():
-    d = load("2026-12-01-runA-compat.json")
+    d = load("2026-12-01-runD-compat.json")
     cells = {}
     for r in d["runs"]:
         cells.setdefault(r["program"], {})[r["config"]] = r["cell"]
     configs = [c for c in d["configs"] if not c.startswith("native")]
     rows = [[f"`{p}`", "ok" if all(c.get(n) == "ok" for n in ("native1", "native2")) else "FAIL"] +
             [c.get(x, "?") for x in configs] for p, c in cells.items()]
-    return source("2026-12-01-runA-compat.json", d["header"]) + f" Result: {d['result']}.\n\n" + table(
+    return source("2026-12-01-runD-compat.json", d["header"]) + f" Result: {d['result']}.\n\n" + table(
         ["program", "without cupool (twice)"] + [c.replace("-", " ") for c in configs], rows)
 
 
@@ -170,7 +170,28 @@ def limit():
             "driver, date and command); the lines of it that matter:\n\n```\n" + "\n".join(keep) + "\n```")
 
 
-TABLES = {"compat-suite": compat_suite, "frameworks": frameworks, "pair-cost": pair_cost, "steps": steps,
+def replay():
+    d = load("2026-12-01-runE-results-replay-steps.json")
+    MiB = 2 ** 20
+    rows = []
+    for r in d["runs"]:
+        rp = r.get("replay")
+        if not rp:
+            continue
+        c = rp["config"]
+        conf = c["policy"] + " " + c["free"] + (" cap" if c.get("limit") else "")
+        rec, rep = rp["recorded"], rp["replayed"]
+        rows.append([r["name"].replace("replay-", ""), conf, rp["events"],
+                     f'{rec["peak_reserved"] / MiB:.0f} / {rep["peak_reserved"] / MiB:.0f} MiB',
+                     f'{rec["chunks_taken"]} / {rep["chunks_taken"]}',
+                     f'{rp["recorded_ooms"]} / {rp["replayed_ooms"]}', "yes" if rp["exact"] else "**no**"])
+    return source("2026-12-01-runE-results-replay-steps.json", d["header"]) + \
+        " Each run's trace replayed with `cupool replay --policy recorded`; recorded / replayed.\n\n" + table(
+        ["workload", "recorded configuration", "events", "peak reserved", "chunks taken", "out of memory",
+         "exact (peaks, chunks, failures)"], rows)
+
+
+TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": frameworks, "pair-cost": pair_cost, "steps": steps,
           "policies-pt": lambda: policies("pt-"), "policies-jax": lambda: policies("jax-"),
           "policies-share": lambda: policies("share-"), "limit": limit}
 
