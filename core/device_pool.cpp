@@ -271,7 +271,7 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   int code = 0;
   UpstreamStatus st = up_.reserve(chunk, &base, &code);
   std::uint64_t got = chunk;
-  if (st == UpstreamStatus::out_of_memory && chunk > need) {
+  if ((st == UpstreamStatus::out_of_memory || st == UpstreamStatus::share_exhausted) && chunk > need) {
     got = need;
     st = up_.reserve(need, &base, &code);
   }
@@ -281,6 +281,7 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   --growing_;
   transit_cv_.notify_all();  // waiters re-check once the chunk is in (same critical section)
   if (abandoned_) return {0, OomClass::device, 0};  // the context went away meanwhile
+  if (st == UpstreamStatus::share_exhausted) return {0, OomClass::share, 0};
   if (st != UpstreamStatus::ok) return {0, OomClass::device, code};
   step_ = std::min<std::uint64_t>(step_ * 2, std::max<std::uint64_t>(cfg_.growth_chunk_max, step_));
   Grow g = add_reserved(base, got, bytes, false);
@@ -326,6 +327,7 @@ DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
   prealloc_busy_ = false;
   prealloc_cv_.notify_all();
   if (abandoned_) return {0, OomClass::device, 0};
+  if (st == UpstreamStatus::share_exhausted) return {0, OomClass::share, 0};
   if (st != UpstreamStatus::ok) return {0, OomClass::device, code};
   prealloc_done_ = true;
   Grow g = add_reserved(base, got, bytes, true);

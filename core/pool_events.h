@@ -14,6 +14,7 @@ enum class OomClass : std::uint8_t {
   limit,          // the cap (CUPOOL_LIMIT) would be exceeded
   fragmentation,  // the pool holds enough free bytes, but no block large enough
   device,         // the driver itself is out of memory
+  share,          // the budget shared with other processes (CUPOOL_SHARE) has no room
   count_
 };
 

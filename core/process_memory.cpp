@@ -11,8 +11,73 @@
 
 namespace cupool {
 
-ProcessMemory::ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm)
-    : cfg_(cfg), observer_(observer) {
+namespace {
+
+// A context's upstream with the shared budget in front: a chunk is admitted before the driver is
+// asked (and given back to the budget if the driver refuses), and given back after the driver
+// has it back. The budget's refusal is its own status: the pool's out-of-memory class `share`.
+class BudgetedUpstream final : public Upstream {
+ public:
+  BudgetedUpstream(Upstream& inner, SharedBudget& share, ContextMemory& c, std::uint64_t wait_ns)
+      : inner_(inner), share_(share), c_(c), wait_ns_(wait_ns) {}
+  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override {
+    if (!share_.admit(c_.device, total(), bytes, wait_ns_)) {
+      *driver_code = 0;
+      return UpstreamStatus::share_exhausted;
+    }
+    const UpstreamStatus st = inner_.reserve(bytes, base, driver_code);
+    if (st != UpstreamStatus::ok) share_.release(c_.device, bytes);
+    publish();
+    return st;
+  }
+  void release(std::uint64_t base, std::size_t bytes) override {
+    inner_.release(base, bytes);
+    share_.release(c_.device, bytes);
+    publish();
+  }
+  void device_memory(std::size_t* total, std::size_t* free) override { inner_.device_memory(total, free); }
+  void synchronize() override { inner_.synchronize(); }
+  bool needs_fences() override { return inner_.needs_fences(); }
+  FenceId place_fence() override { return inner_.place_fence(); }
+  bool fence_retired(FenceId fence) override { return inner_.fence_retired(fence); }
+  void wait_fence(FenceId fence) override { inner_.wait_fence(fence); }
+  bool capturing() override { return inner_.capturing(); }
+
+ private:
+  std::uint64_t total() {
+    if (c_.device_total == 0) {
+      std::size_t t = 0, f = 0;
+      inner_.device_memory(&t, &f);
+      c_.device_total = t;
+    }
+    return c_.device_total;
+  }
+  // What `cupool top` shows of this member: the figures at its last chunk taken or given back.
+  void publish() {
+    if (!c_.pool) return;
+    const PoolStats s = c_.pool->state();
+    share_.publish(c_.device, s.in_use + c_.pool->external(), s.reserved + c_.pool->external());
+  }
+
+  Upstream& inner_;
+  SharedBudget& share_;
+  ContextMemory& c_;
+  const std::uint64_t wait_ns_;
+};
+
+}  // namespace
+
+std::uint64_t ProcessMemory::device_total(ContextMemory& c) {
+  if (c.device_total == 0 && c.upstream) {
+    std::size_t t = 0, f = 0;
+    c.upstream->device_memory(&t, &f);
+    c.device_total = t;
+  }
+  return c.device_total;
+}
+
+ProcessMemory::ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm, SharedBudget* share)
+    : cfg_(cfg), observer_(observer), share_(share) {
   for (auto& s : slot_ctx_) s.store(0, std::memory_order_relaxed);
   if (vmm) vmm_driver_ = std::make_unique<ChargingVmm>(*this, *vmm);
 }
@@ -55,7 +120,12 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
   auto record = std::make_unique<ContextMemory>();
   record->ctx = ctx;
   if (!describe(*record) || record->upstream == nullptr) return nullptr;
-  record->pool = std::make_unique<DevicePool>(cfg_, record->device, *record->upstream, observer_);
+  Upstream* pool_upstream = record->upstream;
+  if (share_) {
+    record->budgeted = std::make_unique<BudgetedUpstream>(*record->upstream, *share_, *record, cfg_.share_wait_ns);
+    pool_upstream = record->budgeted.get();
+  }
+  record->pool = std::make_unique<DevicePool>(cfg_, record->device, *pool_upstream, observer_);
   ContextMemory* c = record.get();
   records_.push_back(std::move(record));
   if (slot < 0) slot = n;
@@ -106,7 +176,10 @@ void ProcessMemory::drop_if(const std::function<bool(const ContextMemory&)>& whi
 AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state) {
   AllocResult r = c.pool->allocate(size, state);
   if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state);  // kept VMM mappings first
-  if (r.ptr == 0) warn_oom(c, api, size, r.oom == OomClass::none ? OomClass::device : r.oom);
+  if (r.ptr == 0) {
+    if (r.oom == OomClass::share && share_) share_->note_oom();
+    warn_oom(c, api, size, r.oom == OomClass::none ? OomClass::device : r.oom);
+  }
   return r;
 }
 
@@ -125,6 +198,7 @@ bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, Cont
     outside_.erase(it);
   }
   if (o.owner) o.owner->pool->uncharge_external(o.bytes);
+  if (o.owner && share_) share_->release(o.owner->device, o.bytes);
   if (bytes) *bytes = o.bytes;
   if (owner) *owner = o.owner;
   return true;
@@ -146,9 +220,18 @@ void ProcessMemory::given_back(std::uint64_t handle) {
 
 bool ProcessMemory::mem_info(ContextMemory* c, std::size_t* free, std::size_t* total) const {
   if (c == nullptr || free == nullptr || total == nullptr) return false;
-  if (!pooled() && !cfg_.limit.for_device(c->device)) return false;  // pure passthrough
+  if (!pooled() && !cfg_.limit.for_device(c->device) && !share_) return false;  // pure passthrough
   c->pool->mem_info(free, total);
   *free = std::min<std::uint64_t>(*total, *free + vmm_free_bytes(c));  // kept VMM mappings are free to it
+  // With a shared budget: no more than the budget still allows, besides what this process holds
+  // free already (free bytes in its pools are its own).
+  if (share_) {
+    if (const auto room = share_->room(c->device, device_total(*c))) {
+      const PoolStats s = c->pool->state();
+      const std::uint64_t own_free = s.reserved > s.in_use ? s.reserved - s.in_use : 0;
+      *free = std::min<std::uint64_t>(*free, *room + own_free);
+    }
+  }
   return true;
 }
 
@@ -172,6 +255,13 @@ std::uint64_t ProcessMemory::vmm_evict(ContextMemory* c) {
 std::uint64_t ProcessMemory::vmm_free_bytes(ContextMemory* c) const {
   VmmCache* cache = c ? vmm_cache_.load(std::memory_order_acquire) : nullptr;
   return cache ? cache->free_bytes(c->upstream) : 0;
+}
+
+void ProcessMemory::give_back() {
+  for_each([this](ContextMemory& c) {
+    c.pool->trim();
+    vmm_evict(&c);
+  });
 }
 
 // ---- fork ------------------------------------------------------------------------------------
@@ -223,6 +313,9 @@ std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api,
     case OomClass::device:
       why = "device: the driver itself is out of memory";
       break;
+    case OomClass::share:
+      why = "share: the shared budget has no room";
+      break;
     default:
       why = "unclassified";
   }
@@ -232,7 +325,12 @@ std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api,
 }
 
 void ProcessMemory::warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const {
-  if (warnings_) log_warn(describe_oom(c, api, size, oom));
+  if (!warnings_) return;
+  std::string message = describe_oom(c, api, size, oom);
+  if (oom == OomClass::share && share_)
+    message += "; budget \"" + share_->name() + "\" on device " + std::to_string(c.device) + " is held by " +
+               share_->holders(c.device);
+  log_warn(message);
 }
 
 }  // namespace cupool

@@ -21,6 +21,7 @@
 #include "config.h"
 #include "device_pool.h"
 #include "pool_events.h"
+#include "shared_budget.h"
 #include "upstream.h"
 #include "vmm_cache.h"
 
@@ -34,6 +35,9 @@ struct ContextMemory {
   int device = -1;
   Upstream* upstream = nullptr;  // owned by the caller
   std::unique_ptr<DevicePool> pool;
+  // With a shared budget: the upstream the pool uses, which asks the budget before the driver.
+  std::unique_ptr<Upstream> budgeted;
+  std::uint64_t device_total = 0;  // the device's memory, for a budget given as a percent
 };
 
 // How an allocation made outside the pools went, in the API's own terms.
@@ -41,7 +45,8 @@ enum class OutsideAnswer : std::uint8_t {
   ok,
   out_of_memory,  // the driver is short of memory: kept VMM mappings go back, then it is tried again
   failed,         // any other refusal
-  refused_by_cap, // cupool refused it (the cap) without calling the driver
+  refused_by_cap,   // cupool refused it (the cap) without calling the driver
+  refused_by_share, // cupool refused it: the budget shared with other processes has no room
 };
 
 class ProcessMemory {
@@ -50,7 +55,8 @@ class ProcessMemory {
 
   // `vmm`: the real calls the VMM cache makes itself (nullptr: no cache). `observer`: where the
   // pools and the process's memory report their events (nullptr: nowhere).
-  ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm);
+  // `share`: the budget shared with other processes (nullptr: none); it must outlive this.
+  ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm, SharedBudget* share = nullptr);
   ~ProcessMemory();
   ProcessMemory(const ProcessMemory&) = delete;
   ProcessMemory& operator=(const ProcessMemory&) = delete;
@@ -102,6 +108,12 @@ class ProcessMemory {
   std::uint64_t vmm_evict(ContextMemory* c);  // the context's free mappings go back; bytes
   std::uint64_t vmm_free_bytes(ContextMemory* c) const;
 
+  // ---- the shared budget (nullptr: none)
+  SharedBudget* share() const { return share_; }
+  // Wholly free memory goes back to the driver (and so to the budget): what a member does when
+  // another waits for room.
+  void give_back();
+
   // ---- fork: the child has no CUDA (contexts, mappings, driver memory are the parent's).
   void prepare_fork();
   void parent_after_fork();
@@ -133,6 +145,7 @@ class ProcessMemory {
   };
 
   void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const;
+  static std::uint64_t device_total(ContextMemory& c);
   void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner);
   // The VMM cache gave a kept mapping's handle back to the driver: uncharged, and a `vmm_release`
   // event of cupool's own says so (reports count kept mappings as reserved until then).
@@ -141,6 +154,7 @@ class ProcessMemory {
 
   const Config cfg_;
   PoolObserver* const observer_;
+  SharedBudget* const share_;
   bool warnings_ = true;
   std::unique_ptr<ChargingVmm> vmm_driver_;
   std::atomic<VmmCache*> vmm_cache_{nullptr};
@@ -167,6 +181,12 @@ OutsideAnswer ProcessMemory::allocate_outside(ContextMemory* c, std::uint64_t by
     warn_oom(*c, api, bytes, OomClass::limit);
     return OutsideAnswer::refused_by_cap;
   }
+  if (c && share_ && !share_->admit(c->device, device_total(*c), bytes, cfg_.share_wait_ns)) {
+    c->pool->uncharge_external(bytes);
+    share_->note_oom();
+    warn_oom(*c, api, bytes, OomClass::share);
+    return OutsideAnswer::refused_by_share;
+  }
   std::uint64_t key = 0;
   OutsideAnswer answer = call(&key);
   if (answer == OutsideAnswer::out_of_memory && vmm_evict(c) > 0) answer = call(&key);  // the same, with room
@@ -174,6 +194,7 @@ OutsideAnswer ProcessMemory::allocate_outside(ContextMemory* c, std::uint64_t by
     remember_outside(key, bytes, c);
   } else if (c) {
     c->pool->uncharge_external(bytes);
+    if (share_) share_->release(c->device, bytes);
   }
   return answer;
 }

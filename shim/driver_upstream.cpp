@@ -102,6 +102,7 @@ UpstreamStatus DriverUpstream::reserve(std::size_t bytes, std::uint64_t* base, i
 
 void DriverUpstream::release(std::uint64_t base, std::size_t) {
   if (detached_) return;
+  ContextScope scope(ctx_);  // the shared budget's give-back thread has no context of its own
   CUPOOL_REAL(cuMemFree_v2)(static_cast<CUdeviceptr>(base));
 }
 
@@ -109,6 +110,7 @@ void DriverUpstream::device_memory(std::size_t* total, std::size_t* free) {
   *total = 0;
   *free = 0;
   if (detached_) return;
+  ContextScope scope(ctx_);
   CUPOOL_REAL(cuMemGetInfo_v2)(free, total);
 }
 

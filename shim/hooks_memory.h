@@ -121,7 +121,7 @@ struct DriverApi {
 
 // Runs a driver allocation outside the pools (managed, stream-ordered, VMM, arrays, passthrough)
 // through ProcessMemory, which charges the cap first. `call` returns the API's code and leaves
-// the new pointer or handle in *key. A refusal of cupool's own (the cap) is the API's
+// the new pointer or handle in *key. A refusal of cupool's own (the cap, the shared budget) is the API's
 // out-of-memory, with what Api::refused_here leaves behind.
 template <typename Api, typename Call>
 typename Api::Code external_allocate(ContextPool* cp, std::uint64_t bytes, const char* api, std::uint64_t* key,
@@ -133,7 +133,7 @@ typename Api::Code external_allocate(ContextPool* cp, std::uint64_t bytes, const
     return rc == Api::ok ? OutsideAnswer::ok
                          : rc == Api::out_of_memory ? OutsideAnswer::out_of_memory : OutsideAnswer::failed;
   });
-  if (answer == OutsideAnswer::refused_by_cap) {
+  if (answer == OutsideAnswer::refused_by_cap || answer == OutsideAnswer::refused_by_share) {
     Api::refused_here();
     return Api::out_of_memory;
   }

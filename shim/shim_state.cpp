@@ -80,8 +80,10 @@ void fork_child() {
   if (TraceWriter* w = g_writer.load()) w->child_after_fork();
   captures().child_after_fork();
   streams().child_after_fork();
-  // CUDA contexts do not survive fork: the child starts with no pools and no driver memory.
+  // CUDA contexts do not survive fork: the child starts with no pools and no driver memory, and
+  // is a member of the shared budget of its own.
   g_memory->child_after_fork([](ContextPool& cp) { driver_upstream(cp).detach(); });
+  if (SharedBudget* share = g_memory->share()) share->after_fork_in_child();
 }
 
 // At load, before the program's own code: what a process that never uses CUDA pays too, so only
@@ -108,8 +110,22 @@ void load_once() {
     }
     g_writer.store(writer.release(), std::memory_order_release);
   }
+  // The shared budget is joined now (a wrong CUPOOL_SHARE_LIMIT stops the process like any other
+  // configuration error); a slot in it is claimed only at the first allocation.
+  SharedBudget* share = nullptr;
+  if (!g_config->share.empty()) {
+    std::string error;
+    std::unique_ptr<SharedBudget> joined =
+        SharedBudget::join(g_config->share, g_config->share_limit, g_config->share_group, &error);
+    if (!joined) {
+      std::fprintf(stderr, "%s\n", error.c_str());
+      std::fflush(stderr);
+      _exit(kConfigErrorExitCode);
+    }
+    share = joined.release();  // never destroyed: hooks may run during exit
+  }
   static RealVmm real_vmm;  // no destructor to run at exit: it holds nothing
-  g_memory = new ProcessMemory(*g_config, g_writer.load(), &real_vmm);
+  g_memory = new ProcessMemory(*g_config, g_writer.load(), &real_vmm, share);
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   std::atexit(at_exit);
 }
@@ -119,6 +135,8 @@ void load_once() {
 void activate_once() {
   for (const std::string& warning : unknown_variables(environ)) log_warn(warning);
   log_info(describe(*g_config));
+  // When another member of the budget waits for room, this process gives back what it holds idle.
+  if (SharedBudget* share = g_memory->share()) share->serve_give_back([] { g_memory->give_back(); });
 }
 
 // Runs `once` exactly once, whichever thread comes first; the others wait for it to finish. A

@@ -881,7 +881,9 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
   out.pool = trace::PoolState{};
   out.dur_ns = 0;
   std::uint64_t timed_for = 1;
-  const int known_minor = header_.major == trace::kFormatMajor ? trace::kFormatMinor : trace::kLastMinorOfMajor1;
+  const int known_minor = header_.major == trace::kFormatMajor ? trace::kFormatMinor
+                          : header_.major == 2               ? trace::kLastMinorOfMajor2
+                                                             : trace::kLastMinorOfMajor1;
 
   auto bad = [&](std::string_view key, const char* expected) {
     if (!s.ok()) fail(fmt::format("event field \"{}\": {}", key, s.error));

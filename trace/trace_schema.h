@@ -19,10 +19,13 @@ namespace cupool::trace {
 //      back to the driver. A mapping kept (a `recycled` release) stays reserved until then.
 //      `vmm_map` events name the handle mapped and the offset into it (`handle`, `offset`), so
 //      that replay can run the mapping cache.
-inline constexpr int kFormatMajor = 2;
-inline constexpr int kFormatMinor = 2;
+// 3.0: the `oom` class `share` (the shared budget had no room), and the configuration's `share`,
+//      `share_limit`, `share_wait_ns`, `share_access`.
+inline constexpr int kFormatMajor = 3;
+inline constexpr int kFormatMinor = 0;
 inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
 inline constexpr int kLastMinorOfMajor1 = 1;  // 1.1: the last 1.x
+inline constexpr int kLastMinorOfMajor2 = 2;  // 2.2: the last 2.x
 // A call that a thread's cache serves is timed with probability 1/kCacheTimingSample. Timing it
 // takes two clock reads; on the H200 host they cost more than the rest of the call
 // (docs/performance.md).
@@ -79,7 +82,7 @@ inline constexpr std::array<std::string_view, static_cast<int>(Path::count_)> kP
 // Why an allocation was refused: the pool's own classes (pool_events.h), named on the line.
 using OomClass = cupool::OomClass;
 inline constexpr std::array<std::string_view, static_cast<int>(OomClass::count_)> kOomClassNames = {
-    "none", "limit", "fragmentation", "device"};
+    "none", "limit", "fragmentation", "device", "share"};
 
 // Pool state attached to pool-served events (all zero, and omitted from the line, otherwise):
 // the pool's own statistics (pool_events.h).

@@ -69,7 +69,7 @@ def read_trace(path):
     if records[-1].get("type") != "footer":
         fail(f"{path}: last line is not a footer")
     header = records[0]
-    if header.get("format") != "cupool-trace" or not str(header.get("version", "")).startswith("2."):
+    if header.get("format") != "cupool-trace" or not str(header.get("version", "")).startswith("3."):
         fail(f"{path}: bad header {header}")
     events = [r for r in records if r.get("type") == "event"]
     # Threads write their own buffers: file order is not time order. `t` orders events (an

@@ -267,8 +267,8 @@ def cmd_fuzz(opts):
 
         # Known cases: the message says where and what.
         expect_error("", r"bad\.jsonl: the file is empty", "empty file")
-        expect_error(lines[0].replace('"version":"1.0"', '"version":"3.0"') + "".join(lines[1:]),
-                     r"version 3\.0 is newer than this cupool understands", "newer major version")
+        expect_error(lines[0].replace('"version":"1.0"', '"version":"4.0"') + "".join(lines[1:]),
+                     r"version 4\.0 is newer than this cupool understands", "newer major version")
         expect_error("hello\n", r"bad\.jsonl:1: ", "not a trace")
         n = 10
         expect_error("".join(lines[:n - 1]) + lines[n - 1][:40] + "\n" + "".join(lines[n:]), rf"bad\.jsonl:{n}: ",

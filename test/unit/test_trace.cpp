@@ -855,9 +855,9 @@ TEST_CASE("reader: errors name the source, the line and the problem", "[trace]")
   CHECK(error_of("") == "mem: the file is empty; not a cupool trace");
   CHECK(error_of("hello\n") == "mem:1: the first line is not JSON; not a cupool trace");
   CHECK(error_of(R"({"type":"event"})" "\n") == "mem:1: the first line is not a cupool trace header");
-  CHECK(error_of(header_line("3.0") + kEvent) ==
-        "mem: trace format version 3.0 is newer than this cupool understands (2.x); upgrade cupool");
-  CHECK(error_of(header_line("0.9")) == "mem: trace format version 0.9 is older than this cupool reads (1.x to 2.x)");
+  CHECK(error_of(header_line("4.0") + kEvent) ==
+        "mem: trace format version 4.0 is newer than this cupool understands (3.x); upgrade cupool");
+  CHECK(error_of(header_line("0.9")) == "mem: trace format version 0.9 is older than this cupool reads (1.x to 3.x)");
   CHECK(error_of(header_line("one")) == "mem:1: header field \"version\": \"one\" is not \"MAJOR.MINOR\"");
   CHECK(error_of(R"({"type":"header","format":"cupool-trace","version":"1.0"})" "\n") ==
         "mem:1: header has no \"cupool_version\"");

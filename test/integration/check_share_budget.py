@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Several processes under libcupool.so on the simulated CUDA, members of one shared budget
+(CUPOOL_SHARE, 1 GiB on device 0): what one holds, another cannot take (out-of-memory of class
+`share` in its trace, its memory info within what the budget leaves); a member that waits
+(CUPOOL_SHARE_WAIT) gets the memory another member freed and holds idle in its pool, which that
+member's give-back thread returns; and the bytes of a member killed by SIGKILL are reclaimed by
+the next member that needs them. No timing is asserted: waits are bounded generously."""
+import argparse
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_under_shim import fail, shim_env  # noqa: E402
+
+MiB = 1 << 20
+
+
+class Member:
+    def __init__(self, program, env, name):
+        self.name = name
+        self.p = subprocess.Popen([program], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        self.expect("ready")
+
+    def expect(self, word):
+        line = self.p.stdout.readline().strip()
+        if not line.startswith(word):
+            err = self.p.stderr.read() if self.p.poll() is not None else ""
+            fail(f"{self.name}: expected {word!r}, got {line!r} {err[-1500:]}")
+        return line.split()[1:]
+
+    def ask(self, cmd):
+        self.p.stdin.write(cmd + "\n")
+        self.p.stdin.flush()
+        return self.expect(cmd.split()[0])
+
+    def quit(self):
+        self.p.stdin.write("quit\n")
+        self.p.stdin.flush()
+        out, err = self.p.communicate(timeout=120)
+        if self.p.returncode != 0:
+            fail(f"{self.name}: exit {self.p.returncode}: {err[-1500:]}")
+        return err
+
+
+def trace_ooms(pattern):
+    ooms = []
+    for f in glob.glob(pattern):
+        for line in open(f):
+            r = json.loads(line)
+            if r.get("type") == "event" and r.get("ev") == "oom":
+                ooms.append(r)
+    return ooms
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shim", required=True)
+    ap.add_argument("--sim-dir", required=True)
+    ap.add_argument("--program", required=True)
+    ap.add_argument("--sanitized", action="store_true")
+    a = ap.parse_args()
+    budget = "test-" + uuid.uuid4().hex[:12]
+    segment = f"/dev/shm/cupool-share-{os.getuid()}-{budget}"
+    with tempfile.TemporaryDirectory() as tmp:
+        def env(tag, **extra):
+            e = shim_env(a.shim, a.sim_dir, a.sanitized)
+            e.update({"CUPOOL_SHARE": budget, "CUPOOL_SHARE_LIMIT": "1GiB", "CUPOOL_POLICY": "growth",
+                      "CUPOOL_FREE": "sync", "CUPOOL_GROWTH_CHUNK": "2MiB", "CUPOOL_SIM_TOTAL_MEM": "8GiB",
+                      "CUPOOL_TRACE": os.path.join(tmp, f"{tag}.%p.jsonl"), "CUPOOL_LOG_LEVEL": "error"})
+            e.update(extra)
+            return e
+        try:
+            # 1. A holds 600 MiB; B cannot take 600 more (two 600 MB claims under 1 GiB: HAMi-core #273).
+            holder = Member(a.program, env("holder"), "holder")
+            if holder.ask("alloc 600") != ["0"]:
+                fail("holder: 600 MiB under a 1 GiB budget refused")
+            if not os.path.exists(segment):
+                fail(f"no shared segment {segment}")
+            mode = os.stat(segment).st_mode & 0o777
+            if mode != 0o600:
+                fail(f"the segment is mode {oct(mode)}, not 0600")
+            taker = Member(a.program, env("taker"), "taker")
+            free, total, rc = (int(x) for x in taker.ask("info"))
+            if rc != 0 or free > 1024 * MiB - 600 * MiB:
+                fail(f"taker's memory info: free {free} with 600 MiB of a 1 GiB budget held by another member")
+            if taker.ask("alloc 600") != ["2"]:
+                fail("taker: 600 MiB granted while another member holds 600 MiB of a 1 GiB budget")
+            if taker.ask("alloc 300") != ["0"]:
+                fail("taker: 300 MiB refused with 424 MiB of the budget left")
+            taker.quit()
+            ooms = trace_ooms(os.path.join(tmp, "taker.*.jsonl"))
+            if not ooms or any(o.get("oom") != "share" for o in ooms):
+                fail(f"taker's trace: out-of-memory events {[o.get('oom') for o in ooms]}, expected class share")
+
+            # 2. The holder frees: its pool keeps the memory, idle. A waiting member gets it: the
+            # holder's give-back thread returns wholly free chunks when another member waits.
+            holder.ask("free")
+            waiter = Member(a.program, env("waiter", CUPOOL_SHARE_WAIT="120s"), "waiter")
+            if waiter.ask("alloc 900") != ["0"]:
+                fail("waiter: 900 MiB refused although the only other member held its memory idle")
+            waiter.quit()
+            holder.quit()
+
+            # 3. A member killed while it holds memory: its bytes come back to the next member.
+            victim = Member(a.program, env("victim"), "victim")
+            if victim.ask("alloc 800") != ["0"]:
+                fail("victim: 800 MiB refused in an empty budget")
+            victim.p.send_signal(signal.SIGKILL)
+            victim.p.wait(timeout=60)
+            heir = Member(a.program, env("heir"), "heir")
+            if heir.ask("alloc 900") != ["0"]:
+                fail("heir: 900 MiB refused although the member holding 800 MiB was killed")
+            heir.quit()
+
+            # 4. A different limit for the same budget is a configuration error at start.
+            p = subprocess.run([a.program], env=env("wrong", CUPOOL_SHARE_LIMIT="2GiB"), input="quit\n",
+                               capture_output=True, text=True, timeout=60)
+            if p.returncode != 78 or "differs from the budget's own" not in p.stderr:
+                fail(f"a member with another limit: exit {p.returncode}, {p.stderr.strip()[:300]}")
+        finally:
+            try:
+                os.unlink(segment)
+            except FileNotFoundError:
+                pass
+    print("ok: one budget across processes: refused with class share, memory info within it, idle memory "
+          "given back to a waiting member, a killed member's bytes reclaimed, a different limit refused")
+
+
+if __name__ == "__main__":
+    main()
