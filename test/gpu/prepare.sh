@@ -28,6 +28,7 @@ nvcc -O2 $arch -cudart shared -o "$carry/bin/workload_shared" -x cu examples/wor
 nvcc -O2 $arch -o "$carry/bin/workload_static" -x cu examples/workload.cpp
 nvcc -O2 $arch -cudart shared -o "$carry/bin/inflight" test/gpu/inflight.cu
 nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_alloc" test/gpu/bench_alloc.cu
+nvcc -O2 $arch -cudart shared -o "$carry/bin/prog_share" -x cu test/integration/programs/prog_share.cpp
 cp ../shared/workloads/*.py "$carry/workloads/"
 # The same identity for the library and the programs: what every results file names.
 { echo "commit=$id"; echo "built=$(date -u +%FT%TZ)"; echo "compiler=$(c++ --version | head -1)";

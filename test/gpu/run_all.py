@@ -8,7 +8,8 @@ the run without cupool, a trace that saw nothing) is a failed check, not a row.
 
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
 Groups: compat (frameworks under passthrough), inflight, bench, rounds, steps, quarantine, vmm,
-xlasync, policies, replay (each framework trace replayed under its recorded configuration).
+xlasync, policies, replay (each framework trace replayed under its recorded configuration), share
+(the shared-budget check of the simulated CUDA, test/integration/check_share_budget.py, on the GPU).
 """
 import json
 import os
@@ -460,6 +461,18 @@ if wanted("replay"):
             print(f"   replay: exact {r['replay']['exact']}: recorded {r['replay']['recorded']} ooms "
                   f"{r['replay']['recorded_ooms']}; replayed {r['replay']['replayed']} ooms {r['replay']['replayed_ooms']}",
                   flush=True)
+
+# ---- Issue 14: one budget shared by processes, on the real driver ---------------------------------
+if wanted("share"):
+    empty = os.path.join(TRACES, "no-sim")  # no simulated CUDA on the library path: the real driver answers
+    os.makedirs(empty, exist_ok=True)
+    p = subprocess.run([PY, os.path.join(HERE, "..", "integration", "check_share_budget.py"), "--shim", SHIM,
+                        "--sim-dir", empty, "--program", os.path.join(BIN, "prog_share")],
+                       capture_output=True, text=True, timeout=600)
+    runs.append({"name": "share-budget", "rc": p.returncode, "wall_s": 0, "stdout": p.stdout[-3000:],
+                 "stderr": p.stderr[-3000:]})
+    check("share-budget: admission across processes, class share, memory info, give-back, a killed member "
+          "reclaimed, on the GPU", p.returncode == 0, (p.stdout + p.stderr).strip()[-600:])
 
 check_transformer_losses()
 
