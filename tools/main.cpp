@@ -1,4 +1,5 @@
-// cupool: run a program under libcupool.so, and read its traces back (report, replay, export).
+// cupool: run a program under libcupool.so, read its traces back (report, replay, export), and
+// watch the budgets processes share (top, metrics).
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -22,6 +23,8 @@ const char* const kMainHelp =
     "  report   peaks, fragmentation, latency, counts and out-of-memory events of traces (text, --json, --html)\n"
     "  replay   drive a trace's allocations through policies on a simulated device\n"
     "  export   convert a trace for ui.perfetto.dev / chrome://tracing (--perfetto)\n"
+    "  top      the shared budgets on this node: who holds what, live (CUPOOL_SHARE)\n"
+    "  metrics  the same figures for Prometheus: stdout, a textfile, or HTTP (--listen)\n"
     "\n"
     "  cupool COMMAND --help   the options of one command\n"
     "  cupool --version        the version\n";
@@ -46,6 +49,8 @@ int run_command(const std::string& command, const std::vector<std::string>& args
     if (command == "report") return cmd_report(args);
     if (command == "replay") return cmd_replay(args);
     if (command == "export") return cmd_export(args);
+    if (command == "top") return cmd_top(args);
+    if (command == "metrics") return cmd_metrics(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cupool %s: %s\n", command.c_str(), e.what());
     return kExitInternal;
