@@ -1,0 +1,1416 @@
+// The shared budget (core/shared_budget): the admission protocol model-checked over every
+// interleaving, the real segment in one process, many processes at once (some killed), a forked
+// child, and a member that waits for room. docs/design.md, "Sharing a device".
+//
+// Children made with fork() never run Catch2 assertions: they report through shared memory or
+// their exit status and leave with _exit().
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <ctime>
+#include <memory>
+#include <new>
+#include <optional>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "config.h"
+#include "shared_budget.h"
+
+using cupool::LimitSpec;
+using cupool::SharedBudget;
+using cupool::SizeSpec;
+
+// ---- 1. The admission protocol, model-checked ----------------------------------------------------
+//
+// try_admit, step by step: (A) held[me] += b; (S0..Sn-1) read held[0], held[1], ... one slot at a
+// time into a local sum, other threads running between the reads; (D) decide: sum <= budget admits;
+// otherwise (U) held[me] -= b and refuse. An admitted claim is later released: (R) held[me] -= b.
+// Every step touches one shared word once, so it is atomic. The implementation uses seq_cst for
+// the claim, the reads and the take-back, so the memory model is sequential consistency: every run
+// is an interleaving of these steps, and enumerating every interleaving covers every run. (It is
+// Dekker's pattern, write mine then read theirs: with acquire/release alone two claimers could
+// each miss the other's claim, a run no interleaving gives, and this model would not apply.)
+// Slots are read in a fixed order, as the implementation's loop does; a slot not in use reads 0.
+//
+// Threads of one process share its slot. A process may crash before any step: all its threads stop
+// forever and its slot keeps what it held, until reclaim_dead empties it (one atomic exchange).
+// Memory in use: the claims admitted and not released; a crashed process's count until its slot
+// is reclaimed (after which the driver has its memory back). Checked at every reachable state:
+//   - memory in use <= budget;
+//   - every slot holds exactly its admitted claims plus the claims being decided (no byte lost).
+// Depth-first over global states, each state visited once.
+namespace model {
+
+constexpr int kMaxProcesses = 4;
+constexpr int kMaxThreads = 6;
+
+enum Step : std::uint8_t { kAdd, kRead, kDecide, kTakeBack, kRelease, kDone };
+
+struct Thread {
+  int process = 0;
+  std::vector<std::uint32_t> claims;  // the admissions it makes, in order
+  bool release = true;                // an admitted claim is released before its next admission
+};
+
+struct Protocol {
+  std::uint32_t budget = 1000;
+  int processes = 3;
+  std::vector<Thread> threads;
+  std::uint32_t may_crash = 0;    // bit p: process p may stop forever before any of its steps
+  bool reclaim = false;           // a crashed process's slot may then be emptied (reclaim_dead)
+  bool check_then_claim = false;  // the racy protocol (read the sum, then claim): must be caught
+  // Partial-order reductions (each is checked against the full search below): a thread decides
+  // as soon as it may (deciding writes nothing shared, so it commutes with every other step, and
+  // deciding early only adds an admitted claim sooner); reads stop once the sum decides; a
+  // reclaimed process's threads are forgotten (nothing of theirs is counted any more).
+  bool reduce = true;
+};
+
+struct ThreadState {
+  std::uint8_t claim = 0, step = kAdd, next_read = 0;
+  std::uint8_t admitted = 0;  // bit per claim: admitted and not released
+  std::uint8_t refused = 0;   // bit per claim
+  std::uint32_t sum = 0;      // of the reads so far, capped at budget + 1 (only "<= budget" matters)
+};
+
+struct State {
+  std::array<std::uint32_t, kMaxProcesses> held{};
+  std::uint32_t dead = 0, reclaimed = 0;
+  std::array<ThreadState, kMaxThreads> threads{};
+};
+
+struct Outcome {
+  std::size_t states = 0, terminals = 0;
+  std::string violation;  // empty, or what failed and the steps that led there
+  std::uint32_t max_in_use = 0;
+  std::set<std::uint32_t> together;        // sets of claims in use at once (bit per claim, every thread)
+  std::set<std::uint32_t> refused_at_end;  // in final states without a crash: the claims refused
+  std::uint32_t ever_admitted = 0, ever_refused = 0;
+};
+
+class Checker {
+ public:
+  explicit Checker(Protocol p) : p_(std::move(p)) {
+    if (p_.processes > kMaxProcesses || p_.threads.size() > static_cast<std::size_t>(kMaxThreads))
+      throw std::logic_error("model too large");
+    int bit = 0;
+    std::uint64_t total = 0;
+    for (const Thread& t : p_.threads) {
+      if (t.claims.size() > 4 || t.process >= p_.processes) throw std::logic_error("bad thread");
+      for (const std::uint32_t c : t.claims) total += c;
+      first_bit_.push_back(bit);
+      bit += static_cast<int>(t.claims.size());
+    }
+    if (bit > 32) throw std::logic_error("too many claims");
+    if (total >= 4095 || p_.budget >= 4095) throw std::logic_error("sizes do not fit the state's key");
+  }
+
+  // Bit of claim `c` of thread `t` in Outcome's sets.
+  std::uint32_t bit(int t, int c) const { return 1u << (first_bit_[t] + c); }
+  std::uint32_t claims_of_size(std::uint32_t size) const {
+    std::uint32_t out = 0;
+    for (std::size_t t = 0; t < p_.threads.size(); ++t)
+      for (std::size_t c = 0; c < p_.threads[t].claims.size(); ++c)
+        if (p_.threads[t].claims[c] == size) out |= bit(static_cast<int>(t), static_cast<int>(c));
+    return out;
+  }
+
+  Outcome run() {
+    seen_.reserve(1 << 16);
+    State s;
+    for (std::size_t i = 0; i < p_.threads.size(); ++i) s.threads[i].step = first_step();
+    visit(s);
+    return out_;
+  }
+
+ private:
+  struct Move {
+    char kind;  // 't' a thread's step, 'c' a crash, 'r' a reclaim
+    std::uint8_t who, step, claim, read;
+  };
+
+  Step first_step() const { return p_.check_then_claim ? kRead : kAdd; }
+  std::size_t thread_count() const { return p_.threads.size(); }
+
+  void advance(ThreadState& t, const Thread& th) const {
+    ++t.claim;
+    t.sum = 0;
+    t.next_read = 0;
+    t.step = t.claim == th.claims.size() ? kDone : first_step();
+  }
+
+  // One step of thread i; false when it has none (done, or its process crashed).
+  bool step(State& s, std::size_t i) const {
+    ThreadState& t = s.threads[i];
+    const Thread& th = p_.threads[i];
+    if (t.step == kDone || (s.dead >> th.process & 1)) return false;
+    const std::uint32_t b = th.claims[t.claim];
+    const std::uint8_t bit = static_cast<std::uint8_t>(1u << t.claim);
+    std::uint32_t& mine = s.held[th.process];
+    switch (t.step) {
+      case kAdd:
+        mine += b;
+        if (!p_.check_then_claim) {
+          t.step = kRead;
+        } else {
+          t.admitted |= bit;  // the racy protocol admits by adding what it checked before
+          if (th.release) t.step = kRelease; else advance(t, th);
+        }
+        break;
+      case kRead:
+        t.sum = std::min(t.sum + s.held[t.next_read], p_.budget + 1);
+        ++t.next_read;
+        // Reduction: once the sum decides the claim, the reads left cannot change the outcome and
+        // write nothing, so the thread goes on to decide.
+        if (t.next_read == p_.processes || (p_.reduce && t.sum + (p_.check_then_claim ? b : 0) > p_.budget))
+          t.step = kDecide;
+        break;
+      case kDecide:
+        if (p_.check_then_claim) {
+          if (t.sum + b <= p_.budget) {
+            t.step = kAdd;
+          } else {
+            t.refused |= bit;
+            advance(t, th);
+          }
+        } else if (t.sum <= p_.budget) {
+          t.admitted |= bit;
+          if (th.release) t.step = kRelease; else advance(t, th);
+        } else {
+          t.refused |= bit;
+          t.step = kTakeBack;
+        }
+        break;
+      case kTakeBack:
+      case kRelease:
+        mine -= b;  // never below zero: the accounting check below would fail first
+        if (t.step == kRelease) t.admitted &= static_cast<std::uint8_t>(~bit);
+        advance(t, th);
+        break;
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  // The empty string, or what is wrong with state s.
+  std::string check(const State& s) {
+    std::uint32_t in_use = 0, together = 0, refused = 0;
+    std::array<std::uint64_t, kMaxProcesses> expected{};
+    for (std::size_t i = 0; i < thread_count(); ++i) {
+      const ThreadState& t = s.threads[i];
+      const Thread& th = p_.threads[i];
+      for (std::size_t c = 0; c < th.claims.size(); ++c) {
+        if (t.refused >> c & 1) refused |= bit(static_cast<int>(i), static_cast<int>(c));
+        if (!(t.admitted >> c & 1) || (s.reclaimed >> th.process & 1)) continue;
+        in_use += th.claims[c];
+        together |= bit(static_cast<int>(i), static_cast<int>(c));
+        expected[th.process] += th.claims[c];
+      }
+      // A claim added and not yet decided, or refused and not yet taken back, is in its slot too.
+      if (!p_.check_then_claim && (t.step == kRead || t.step == kDecide || t.step == kTakeBack) &&
+          !(s.reclaimed >> th.process & 1))
+        expected[th.process] += th.claims[t.claim];
+    }
+    out_.max_in_use = std::max(out_.max_in_use, in_use);
+    out_.together.insert(together);
+    out_.ever_admitted |= together;
+    out_.ever_refused |= refused;
+    if (in_use > p_.budget)
+      return "claims admitted at once pass the budget: " + std::to_string(in_use) + " > " + std::to_string(p_.budget);
+    for (int p = 0; p < p_.processes; ++p)
+      if (s.held[p] != expected[p])
+        return "slot " + std::to_string(p) + " holds " + std::to_string(s.held[p]) + ", its claims add up to " +
+               std::to_string(expected[p]);
+    return {};
+  }
+
+  void terminal(const State& s) {
+    ++out_.terminals;
+    if (s.dead != 0) return;
+    std::uint32_t refused = 0;
+    for (std::size_t i = 0; i < thread_count(); ++i)
+      for (std::size_t c = 0; c < p_.threads[i].claims.size(); ++c)
+        if (s.threads[i].refused >> c & 1) refused |= bit(static_cast<int>(i), static_cast<int>(c));
+    out_.refused_at_end.insert(refused);
+  }
+
+  // The state packed into 256 bits (held: 12 bits a slot; per thread: claim, step, read: 3 bits
+  // each, admitted and refused: 4, sum: 12), the key of the visited set.
+  struct Key {
+    std::array<std::uint64_t, 4> w{};
+    bool operator==(const Key&) const = default;
+  };
+  struct KeyHash {
+    std::size_t operator()(const Key& k) const {
+      std::uint64_t h = 0x9e3779b97f4a7c15ull;
+      for (const std::uint64_t x : k.w) {
+        h ^= x + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+        h *= 0xbf58476d1ce4e5b9ull;
+      }
+      return static_cast<std::size_t>(h ^ (h >> 31));
+    }
+  };
+  Key key_of(const State& s) const {
+    Key k;
+    int at = 0;
+    auto put = [&k, &at](std::uint64_t v, int bits) {
+      for (int i = 0; i < bits; ++i, ++at)
+        if (v >> i & 1) k.w[at / 64] |= 1ull << (at % 64);
+    };
+    for (int p = 0; p < p_.processes; ++p) put(s.held[p], 12);
+    put(s.dead, kMaxProcesses);
+    put(s.reclaimed, kMaxProcesses);
+    for (std::size_t i = 0; i < thread_count(); ++i) {
+      const ThreadState& t = s.threads[i];
+      put(t.claim, 3);
+      put(t.step, 3);
+      put(t.next_read, 3);
+      put(t.admitted, 4);
+      put(t.refused, 4);
+      put(t.sum, 12);
+    }
+    return k;
+  }
+
+  std::string describe_path() const {
+    static const char* const kStepNames[] = {"claims", "reads slot", "decides", "takes back", "releases", "done"};
+    std::string out;
+    for (const Move& m : path_) {
+      if (!out.empty()) out += "; ";
+      if (m.kind == 'c') {
+        out += "p" + std::to_string(m.who) + " crashes";
+      } else if (m.kind == 'r') {
+        out += "p" + std::to_string(m.who) + "'s slot reclaimed";
+      } else {
+        const Thread& th = p_.threads[m.who];
+        out += "t" + std::to_string(m.who) + "(p" + std::to_string(th.process) + ", " +
+               std::to_string(th.claims[m.claim]) + ") " + kStepNames[m.step];
+        if (m.step == kRead) out += " " + std::to_string(m.read);
+      }
+    }
+    return out;
+  }
+
+  void go(const State& next, Move m) {
+    path_.push_back(m);
+    visit(next);
+    path_.pop_back();
+  }
+
+  void visit(const State& s) {
+    if (!out_.violation.empty()) return;
+    if (!seen_.insert(key_of(s)).second) return;
+    ++out_.states;
+    if (std::string why = check(s); !why.empty()) {
+      out_.violation = why + ", after: " + describe_path();
+      return;
+    }
+    if (p_.reduce) {
+      for (std::size_t i = 0; i < thread_count(); ++i) {
+        const ThreadState& t = s.threads[i];
+        if (t.step != kDecide || (s.dead >> p_.threads[i].process & 1)) continue;
+        State next = s;
+        step(next, i);
+        go(next, {'t', static_cast<std::uint8_t>(i), t.step, t.claim, t.next_read});
+        return;
+      }
+    }
+    bool moved = false;
+    for (std::size_t i = 0; i < thread_count(); ++i) {
+      State next = s;
+      const ThreadState& t = s.threads[i];
+      if (!step(next, i)) continue;
+      moved = true;
+      go(next, {'t', static_cast<std::uint8_t>(i), t.step, t.claim, t.next_read});
+    }
+    for (int p = 0; p < p_.processes; ++p) {
+      const std::uint32_t pb = 1u << p;
+      if ((p_.may_crash & pb) && !(s.dead & pb)) {
+        bool running = s.held[p] != 0;
+        for (std::size_t i = 0; i < thread_count(); ++i)
+          running = running || (p_.threads[i].process == p && s.threads[i].step != kDone);
+        if (running) {
+          State next = s;
+          next.dead |= pb;
+          moved = true;
+          go(next, {'c', static_cast<std::uint8_t>(p), 0, 0, 0});
+        }
+      }
+      if (p_.reclaim && (s.dead & pb) && !(s.reclaimed & pb)) {
+        State next = s;
+        next.held[p] = 0;  // reclaim_dead: held[d].exchange(0)
+        next.reclaimed |= pb;
+        if (p_.reduce)
+          for (std::size_t i = 0; i < thread_count(); ++i)
+            if (p_.threads[i].process == p) next.threads[i] = ThreadState{0, kDone, 0, 0, 0, 0};
+        moved = true;
+        go(next, {'r', static_cast<std::uint8_t>(p), 0, 0, 0});
+      }
+    }
+    if (!moved) terminal(s);
+  }
+
+  Protocol p_;
+  std::vector<int> first_bit_;
+  std::unordered_set<Key, KeyHash> seen_;
+  std::vector<Move> path_;
+  Outcome out_;
+};
+
+Thread thread(int process, std::vector<std::uint32_t> claims, bool release = true) {
+  return Thread{process, std::move(claims), release};
+}
+
+}  // namespace model
+
+using model::Checker;
+using model::Protocol;
+
+TEST_CASE("share: model check, three processes: 600 + 600 + 400 in a budget of 1000 (HAMi-core #273)", "[share][model]") {
+  Protocol p;
+  p.budget = 1000;
+  p.processes = 3;
+  p.threads = {model::thread(0, {600}), model::thread(1, {600}), model::thread(2, {400})};
+  Checker c(p);
+  const model::Outcome o = c.run();
+  INFO(o.states << " states, " << o.terminals << " final");
+  REQUIRE(o.violation.empty());
+  CHECK(o.max_in_use == 1000);
+  const std::uint32_t a = c.bit(0, 0), b = c.bit(1, 0), small = c.bit(2, 0);
+  // Not vacuous: every claim is admitted in some run, 600 + 400 fill the budget exactly...
+  CHECK(o.ever_admitted == (a | b | small));
+  CHECK(o.together.count(a | small) == 1);
+  CHECK(o.together.count(b | small) == 1);
+  // ...and both 600s are never in use at once, in any run.
+  for (const std::uint32_t set : o.together) CHECK((set & (a | b)) != (a | b));
+  // The protocol is conservative: a claim being decided counts against the others, so the two
+  // 600s can refuse each other (admit() then reclaims, or waits and retries). Every split occurs.
+  CHECK(o.refused_at_end.count(a) == 1);      // one 600 refused, the other and the 400 admitted
+  CHECK(o.refused_at_end.count(b) == 1);
+  CHECK(o.refused_at_end.count(small) == 1);  // the 400 refused, the 600s admitted in turn
+  CHECK(o.refused_at_end.count(a | b) == 1);  // both 600s refused: each saw the other's claim
+  CHECK(o.refused_at_end.count(0) == 1);      // one after the other: a 600 released before the next
+}
+
+TEST_CASE("share: model check, the racy check-then-claim protocol is caught", "[share][model]") {
+  // The checker has teeth: the order HAMi-core #273 describes (read the sum, then add the claim)
+  // lets both 600s in, and the search finds the interleaving.
+  Protocol p;
+  p.budget = 1000;
+  p.processes = 3;
+  p.threads = {model::thread(0, {600}), model::thread(1, {600}), model::thread(2, {400})};
+  p.check_then_claim = true;
+  const model::Outcome o = Checker(p).run();
+  INFO(o.violation);
+  CHECK_FALSE(o.violation.empty());
+  CHECK(o.violation.find("pass the budget") != std::string::npos);
+  CHECK(o.max_in_use > 1000);
+}
+
+TEST_CASE("share: model check, claims that all fit are never refused", "[share][model]") {
+  Protocol p;
+  p.budget = 1000;
+  p.processes = 3;
+  p.threads = {model::thread(0, {300}), model::thread(1, {300}), model::thread(2, {400})};
+  const model::Outcome o = Checker(p).run();
+  REQUIRE(o.violation.empty());
+  CHECK(o.ever_refused == 0);
+  CHECK(o.refused_at_end == std::set<std::uint32_t>{0});
+  CHECK(o.max_in_use == 1000);
+}
+
+TEST_CASE("share: model check, two admissions each, any process may crash, dead slots reclaimed", "[share][model]") {
+  Protocol p;
+  p.budget = 1000;
+  p.processes = 3;
+  SECTION("claims released between admissions") {
+    p.threads = {model::thread(0, {600, 400}), model::thread(1, {600, 300}), model::thread(2, {400, 600})};
+  }
+  SECTION("claims kept: what each admits adds up") {
+    p.threads = {model::thread(0, {300, 400}, false), model::thread(1, {600, 300}, false),
+                 model::thread(2, {400, 300}, false)};
+  }
+  p.may_crash = 0b111;
+  p.reclaim = true;
+  Checker c(p);
+  const model::Outcome o = c.run();
+  INFO(o.states << " states, " << o.terminals << " final");
+  REQUIRE(o.violation.empty());
+  CHECK(o.max_in_use == 1000);
+  std::uint32_t all = 0;
+  for (int t = 0; t < 3; ++t)
+    for (int k = 0; k < 2; ++k) all |= c.bit(t, k);
+  CHECK(o.ever_admitted == all);
+  CHECK(o.ever_refused == all);
+  // Two 600s are never in use together.
+  const std::uint32_t sixes = c.claims_of_size(600);
+  for (const std::uint32_t set : o.together) CHECK(std::popcount(set & sixes) <= 1);
+}
+
+TEST_CASE("share: model check, threads of one process share its slot, and the process may crash", "[share][model]") {
+  Protocol p;
+  p.budget = 1000;
+  p.processes = 3;
+  // Process 0 runs two threads; process 2 makes two admissions.
+  p.threads = {model::thread(0, {600}), model::thread(0, {400}), model::thread(1, {600}), model::thread(2, {400, 300})};
+  p.may_crash = 0b101;
+  p.reclaim = true;
+  Checker c(p);
+  const model::Outcome o = c.run();
+  INFO(o.states << " states, " << o.terminals << " final");
+  REQUIRE(o.violation.empty());
+  CHECK(o.max_in_use == 1000);
+  CHECK(o.together.count(c.bit(0, 0) | c.bit(1, 0)) == 1);  // one process's two threads fill it
+  for (const std::uint32_t set : o.together) CHECK((set & (c.bit(0, 0) | c.bit(2, 0))) != (c.bit(0, 0) | c.bit(2, 0)));
+}
+
+TEST_CASE("share: model check, four processes", "[share][model]") {
+  Protocol p;
+  p.budget = 1000;
+  p.processes = 4;
+  SECTION("one admission each, any may crash") {
+    p.threads = {model::thread(0, {600}), model::thread(1, {600}), model::thread(2, {400}), model::thread(3, {300})};
+    p.may_crash = 0b1111;
+    p.reclaim = true;
+  }
+  SECTION("one process admits twice") {
+    p.threads = {model::thread(0, {600, 400}), model::thread(1, {600}), model::thread(2, {400}), model::thread(3, {300})};
+  }
+  Checker c(p);
+  const model::Outcome o = c.run();
+  INFO(o.states << " states, " << o.terminals << " final");
+  REQUIRE(o.violation.empty());
+  CHECK(o.max_in_use == 1000);
+  std::uint32_t all = 0;
+  for (int t = 0; t < 4; ++t)
+    for (std::size_t k = 0; k < p.threads[t].claims.size(); ++k) all |= c.bit(t, static_cast<int>(k));
+  CHECK(o.ever_admitted == all);
+  CHECK(o.together.count(c.bit(0, 0) | c.bit(2, 0)) == 1);
+  for (const std::uint32_t set : o.together) CHECK((set & (c.bit(0, 0) | c.bit(1, 0))) != (c.bit(0, 0) | c.bit(1, 0)));
+}
+
+TEST_CASE("share: model check, the reductions lose nothing", "[share][model]") {
+  // On models small enough to search in full, the reduced search reaches the same verdict, the
+  // same sets of claims in use at once, and the same outcomes.
+  auto base = [] {
+    Protocol p;
+    p.budget = 1000;
+    p.processes = 3;
+    p.threads = {model::thread(0, {600}), model::thread(1, {600}), model::thread(2, {400})};
+    return p;
+  };
+  std::vector<Protocol> models;
+  models.push_back(base());
+  models.push_back(base());
+  models.back().check_then_claim = true;
+  models.push_back(base());
+  models.back().may_crash = 0b111;
+  models.back().reclaim = true;
+  models.push_back(base());
+  models.back().threads = {model::thread(0, {600}), model::thread(0, {400}), model::thread(1, {600}),
+                           model::thread(2, {400})};
+  models.back().may_crash = 0b001;
+  models.back().reclaim = true;
+  models.push_back(base());
+  models.back().threads = {model::thread(0, {600, 400}), model::thread(1, {300, 600}), model::thread(2, {400}, false)};
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    Protocol full = models[i];
+    full.reduce = false;
+    const model::Outcome r = Checker(models[i]).run(), f = Checker(full).run();
+    INFO("model " << i << ": " << r.states << " states reduced, " << f.states << " in full");
+    CHECK(r.violation.empty() == f.violation.empty());
+    if (!f.violation.empty()) continue;  // a search stops at its first violation: nothing more to compare
+    CHECK(r.max_in_use == f.max_in_use);
+    CHECK(r.ever_admitted == f.ever_admitted);
+    CHECK(r.ever_refused == f.ever_refused);
+    CHECK(r.together == f.together);
+    CHECK(r.refused_at_end == f.refused_at_end);
+    CHECK(r.states < f.states);
+  }
+}
+
+// ---- Helpers for the real segment ---------------------------------------------------------------
+
+namespace {
+
+constexpr std::uint64_t kMiB = 1ull << 20;
+
+std::uint64_t now_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// A budget name no other test (or run) uses.
+std::string unique_name(const std::string& what) {
+  static std::atomic<unsigned> counter{0};
+  std::random_device rd;
+  return "cupool-test-" + what + "-" + std::to_string(getpid()) + "-" + std::to_string(rd() % 1'000'000) + "-" +
+         std::to_string(counter.fetch_add(1));
+}
+
+// Removes the budget's segment from /dev/shm when the test ends, however it ends.
+struct Unlink {
+  std::string name;
+  ~Unlink() { shm_unlink(SharedBudget::segment_name(name, false).c_str()); }
+};
+
+std::string segment_path(const std::string& name) { return "/dev/shm" + SharedBudget::segment_name(name, false); }
+
+SizeSpec bytes(std::uint64_t b) { return SizeSpec{b, 0}; }
+SizeSpec percent(double p) { return SizeSpec{0, p}; }
+LimitSpec limit_of(std::optional<SizeSpec> all, std::vector<std::pair<int, SizeSpec>> per_device = {}) {
+  LimitSpec l;
+  l.all = all;
+  l.per_device = std::move(per_device);
+  return l;
+}
+
+std::unique_ptr<SharedBudget> must_join(const std::string& name, const LimitSpec& limit) {
+  std::string error;
+  auto b = SharedBudget::join(name, limit, false, &error);
+  INFO(error);
+  REQUIRE(b != nullptr);
+  return b;
+}
+
+const SharedBudget::Member* member_of(const std::vector<SharedBudget::Member>& members, int pid) {
+  for (const SharedBudget::Member& m : members)
+    if (m.pid == pid) return &m;
+  return nullptr;
+}
+
+// Memory shared with forked children (MAP_SHARED | MAP_ANONYMOUS), made before the fork.
+template <class T>
+class Shared {
+ public:
+  Shared() {
+    void* p = mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::runtime_error("mmap");
+    p_ = new (p) T();
+  }
+  ~Shared() {
+    p_->~T();
+    munmap(p_, sizeof(T));
+  }
+  Shared(const Shared&) = delete;
+  Shared& operator=(const Shared&) = delete;
+  T* operator->() const { return p_; }
+  T& operator*() const { return *p_; }
+
+ private:
+  T* p_ = nullptr;
+};
+
+// A forked child running `body`; it leaves with _exit(what body returns): no Catch2, no atexit.
+// Killed and reaped by the destructor if the test ends first.
+class Child {
+ public:
+  template <class F>
+  explicit Child(F body) {
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork");
+    if (pid_ == 0) {
+      int rc = 100;
+      try {
+        rc = body();
+      } catch (...) {
+        rc = 101;
+      }
+      _exit(rc);
+    }
+  }
+  ~Child() {
+    if (!reaped_) {
+      ::kill(pid_, SIGKILL);
+      wait();
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  pid_t pid() const { return pid_; }
+  // False once it has exited (then reaped: status() says how).
+  bool running() {
+    if (reaped_) return false;
+    int st = 0;
+    const pid_t r = wait4(pid_, &st, WNOHANG, &usage_);
+    if (r == pid_) record(st);
+    return !reaped_;
+  }
+  // Its exit status, or 128 + the signal that ended it.
+  int wait() {
+    while (!reaped_) {
+      int st = 0;
+      const pid_t r = wait4(pid_, &st, 0, &usage_);
+      if (r == pid_) record(st);
+      else if (r < 0 && errno != EINTR) reaped_ = true, status_ = -1;
+    }
+    return status_;
+  }
+  void kill9() { ::kill(pid_, SIGKILL); }
+  double cpu_seconds() const {
+    return static_cast<double>(usage_.ru_utime.tv_sec + usage_.ru_stime.tv_sec) +
+           static_cast<double>(usage_.ru_utime.tv_usec + usage_.ru_stime.tv_usec) / 1e6;
+  }
+
+ private:
+  void record(int st) {
+    reaped_ = true;
+    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1;
+  }
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int status_ = -1;
+  rusage usage_{};
+};
+
+// Polls `done` every millisecond while `child` runs. False if the child exits first, or after two
+// minutes (a guard against a hang, not a measure of speed).
+template <class F>
+bool wait_until(Child& child, F done) {
+  const std::uint64_t give_up = now_ns() + 120'000'000'000ull;
+  for (;;) {
+    if (done()) return true;
+    if (!child.running() || now_ns() > give_up) return false;
+    usleep(1000);
+  }
+}
+
+}  // namespace
+
+// ---- 2. The real segment, in one process ---------------------------------------------------------
+
+TEST_CASE("share: admit, release, room, and a budget per device", "[share]") {
+  const std::string name = unique_name("basic");
+  const Unlink cleanup{name};
+  // 1000 bytes on every device; device 1: half its memory; device 2: a quarter.
+  const LimitSpec limit = limit_of(bytes(1000), {{1, percent(50)}, {2, percent(25)}});
+  auto b = must_join(name, limit);
+  const std::uint64_t total = 4000;  // each device's memory
+  CHECK(b->name() == name);
+  CHECK(b->limit() == limit);
+  CHECK(b->limit_text() == "1000,1:50%,2:25%");
+  CHECK(b->budget(0, total) == std::uint64_t{1000});
+  CHECK(b->budget(7, total) == std::uint64_t{1000});  // the default for any device
+  CHECK(b->budget(1, total) == std::uint64_t{2000});
+  CHECK(b->budget(1, 8000) == std::uint64_t{4000});  // a percent follows the device's memory
+  CHECK(b->budget(2, 4002) == std::uint64_t{1000});  // 1000.5 rounds down
+  struct stat st{};
+  REQUIRE(stat(segment_path(name).c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);  // this user's only
+  CHECK(static_cast<std::size_t>(st.st_size) == sizeof(SharedBudget::Segment));
+
+  // No slot until the first admission.
+  CHECK(b->members().empty());
+  CHECK(b->held_mine(0) == 0);
+  CHECK(b->room(0, total) == std::uint64_t{1000});
+  CHECK(b->holders(0) == "nobody");
+
+  REQUIRE(b->admit(0, total, 600, 0));
+  CHECK(b->held_mine(0) == 600);
+  CHECK(b->held_total(0) == 600);
+  CHECK(b->room(0, total) == std::uint64_t{400});
+  CHECK_FALSE(b->admit(0, total, 401, 0));  // one byte too many
+  CHECK(b->held_mine(0) == 600);            // the refused claim was taken back
+  CHECK(b->admit(0, total, 400, 0));        // exactly the budget
+  CHECK(b->room(0, total) == std::uint64_t{0});
+  CHECK_FALSE(b->admit(0, total, 1, 0));
+  CHECK(b->held_total(0) == 1000);
+
+  // Device 1 has a budget of its own: 2000 of its 4000 bytes.
+  CHECK(b->held_total(1) == 0);
+  CHECK(b->admit(1, total, 2000, 0));
+  CHECK_FALSE(b->admit(1, total, 1, 0));
+  CHECK(b->room(1, total) == std::uint64_t{0});
+  CHECK(b->room(1, 8000) == std::uint64_t{2000});  // on a device twice as large, twice the budget
+  CHECK(b->admit(1, 8000, 2000, 0));
+  CHECK(b->held_total(1) == 4000);
+  CHECK(b->held_total(0) == 1000);  // devices do not mix
+  b->release(1, 4000);
+  CHECK(b->held_total(1) == 0);
+
+  b->release(0, 400);
+  CHECK(b->held_mine(0) == 600);
+  CHECK(b->room(0, total) == std::uint64_t{400});
+  b->release(0, 5000);  // more than it holds: down to zero, never below
+  CHECK(b->held_mine(0) == 0);
+  CHECK(b->held_total(0) == 0);
+
+  // A claim larger than the whole budget is refused at once, and leaves nothing behind.
+  CHECK_FALSE(b->admit(0, total, 1001, 0));
+  CHECK_FALSE(b->admit(2, total, 1001, 0));
+  CHECK(b->admit(2, total, 1000, 0));
+  b->release(2, 1000);
+  CHECK(b->held_total(0) == 0);
+  for (const SharedBudget::Member& m : b->members()) CHECK(m.waiting[0] == 0);
+
+  // One attempt of the protocol, with the budget given.
+  CHECK(b->try_admit(0, 500, 500));
+  CHECK_FALSE(b->try_admit(0, 500, 1));
+  CHECK(b->try_admit(0, 501, 1));
+  CHECK(b->held_mine(0) == 501);
+  b->release(0, 501);
+
+  // Devices the segment has no room for: refused, never recorded.
+  CHECK_FALSE(b->try_admit(SharedBudget::kMaxDevices, 1000, 1));
+  CHECK_FALSE(b->try_admit(-1, 1000, 1));
+  CHECK(b->held_total(SharedBudget::kMaxDevices) == 0);
+  CHECK(b->held_total(-1) == 0);
+  b->release(-1, 5);
+
+  // The member as others see it.
+  REQUIRE(b->admit(0, total, 300, 0));
+  b->publish(0, 200, 250);
+  b->note_oom();
+  const auto members = b->members();
+  REQUIRE(members.size() == 1);
+  const SharedBudget::Member& me = members[0];
+  CHECK(me.pid == getpid());
+  CHECK(me.alive);
+  CHECK(me.start_ticks == SharedBudget::start_ticks_of(getpid()));
+  CHECK(me.start_ticks != 0);
+  CHECK_FALSE(me.command.empty());
+  CHECK(me.held[0] == 300);
+  CHECK(me.held[1] == 0);
+  CHECK(me.in_use[0] == 200);
+  CHECK(me.reserved[0] == 250);
+  CHECK(me.ooms == 1);
+  CHECK(b->holders(0).rfind("pid " + std::to_string(getpid()) + " (", 0) == 0);
+  CHECK(b->holders(0).find("gone") == std::string::npos);
+  CHECK(b->holders(1) == "nobody");
+  CHECK(b->reclaim_dead() == 0);  // nobody is gone
+  CHECK(b->held_total(0) == 300);
+}
+
+TEST_CASE("share: a device without a budget is not counted", "[share]") {
+  const std::string name = unique_name("nodev");
+  const Unlink cleanup{name};
+  auto b = must_join(name, limit_of(std::nullopt, {{0, bytes(1000)}}));
+  CHECK(b->limit_text() == "0:1000");
+  CHECK(b->budget(0, 4000) == std::uint64_t{1000});
+  CHECK_FALSE(b->budget(3, 4000).has_value());
+  CHECK_FALSE(b->room(3, 4000).has_value());
+  CHECK(b->admit(3, 4000, 1ull << 40, 0));
+  CHECK(b->held_total(3) == 0);
+  CHECK(b->members().empty());  // nothing claimed
+  CHECK_FALSE(b->admit(0, 4000, 1001, 0));
+}
+
+TEST_CASE("share: joining: one limit per budget, valid names, two members in one process", "[share]") {
+  const std::string name = unique_name("join");
+  const Unlink cleanup{name};
+  const LimitSpec limit = limit_of(bytes(1000), {{1, percent(50)}});
+  auto first = must_join(name, limit);
+  std::string error;
+
+  CHECK(SharedBudget::join(name, limit_of(bytes(1001), {{1, percent(50)}}), false, &error) == nullptr);
+  CHECK(error == "cupool: CUPOOL_SHARE=" + name +
+                     ": CUPOOL_SHARE_LIMIT=1001,1:50% differs from the budget's own, 1000,1:50%; every member of a "
+                     "budget gives the same limit");
+  error.clear();
+  CHECK(SharedBudget::join(name, limit_of(bytes(1000), {{1, percent(60)}}), false, &error) == nullptr);
+  CHECK(error.find("CUPOOL_SHARE_LIMIT=1000,1:60% differs from the budget's own, 1000,1:50%") != std::string::npos);
+  error.clear();
+  CHECK(SharedBudget::join(name, LimitSpec{}, false, &error) == nullptr);
+  CHECK(error.find("CUPOOL_SHARE_LIMIT=(unset) differs from the budget's own, 1000,1:50%") != std::string::npos);
+  CHECK(first->limit_text() == "1000,1:50%");  // the budget is unchanged by those who could not join
+
+  // A second member, in this same process: a slot of its own, one budget between them.
+  auto second = must_join(name, limit);
+  REQUIRE(first->admit(0, 4000, 600, 0));
+  CHECK_FALSE(second->admit(0, 4000, 600, 0));
+  CHECK(second->admit(0, 4000, 400, 0));
+  CHECK(first->held_mine(0) == 600);
+  CHECK(second->held_mine(0) == 400);
+  CHECK(first->held_total(0) == 1000);
+  CHECK(first->members().size() == 2);
+  second->release(0, 400);
+  CHECK(first->room(0, 4000) == std::uint64_t{400});
+
+  // A read-only view (cupool top) sees the same, and never reclaims.
+  auto view = SharedBudget::observe(segment_path(name), &error);
+  INFO(error);
+  REQUIRE(view != nullptr);
+  CHECK(view->name() == name);
+  CHECK(view->limit_text() == "1000,1:50%");
+  CHECK(view->held_total(0) == 600);
+  CHECK(view->members().size() == 2);
+  CHECK(view->reclaim_dead() == 0);
+
+  // Names: 1 to 64 letters, digits, '-', '_' or '.'.
+  for (const std::string& bad : {std::string(), std::string("a/b"), std::string("../x"), std::string("has space"),
+                                std::string("t\xc3\xa9st"), std::string("x\n"), std::string(65, 'x')}) {
+    error.clear();
+    CHECK(SharedBudget::join(bad, limit, false, &error) == nullptr);
+    CHECK(error.find("a budget name is 1 to 64 letters, digits, '-', '_' or '.'") != std::string::npos);
+  }
+  const std::string longest = name + std::string(64 - name.size(), 'x');
+  const Unlink cleanup_longest{longest};
+  CHECK(must_join(longest, limit)->name() == longest);
+}
+
+TEST_CASE("share: a process's start time is read past a command name with spaces and parentheses", "[share][fork]") {
+  struct Report {
+    std::atomic<std::uint64_t> ticks{0};
+    std::atomic<int> renamed{0};
+  };
+  Shared<Report> r;
+  Child child([&] {
+    r->ticks = SharedBudget::start_ticks_of(getpid());
+    // The command is field 2 of /proc/<pid>/stat, in parentheses: one that looks like more fields.
+    if (prctl(PR_SET_NAME, "a) 1 2 (b", 0, 0, 0) != 0) return 2;
+    r->renamed = 1;
+    for (;;) pause();
+  });
+  REQUIRE(wait_until(child, [&] { return r->renamed.load() == 1; }));
+  CHECK(r->ticks.load() != 0);
+  CHECK(SharedBudget::start_ticks_of(child.pid()) == r->ticks.load());
+  CHECK(SharedBudget::alive(child.pid(), r->ticks.load()));
+  CHECK_FALSE(SharedBudget::alive(child.pid(), r->ticks.load() + 1));  // the pid, started at another time
+  CHECK_FALSE(SharedBudget::alive(0, 0));
+  child.kill9();
+  CHECK(child.wait() == 128 + SIGKILL);
+}
+
+// ---- 3. Many processes at once, two of them killed -----------------------------------------------
+//
+// Eight children join one budget and loop: admit a random size on one of two devices (up to three
+// claims outstanding), or release the oldest. Each child counts what it has admitted and not yet
+// released, in memory shared with the parent: it adds a claim after admit() said yes and takes it
+// off before release(), so the counts are always within what the budget has admitted. Two checks:
+//   - every child also adds its claim to one word per device and checks the sum it gets back
+//     (one atomic word: an exact snapshot of everything admitted at that instant);
+//   - the parent sums the children's counts, a consistent snapshot at a time (each child's count
+//     is under a sequence lock: the parent keeps a sum only if no count changed while it read).
+// Two children are killed holding bytes:
+//   - the first while every other child is parked between steps: the parent then checks that the
+//     slots hold exactly what the children say they hold, reclaims the dead one's bytes (exactly
+//     those) and lets the others go on;
+//   - the second while the others run: their refusals reclaim it (reclaim_dead racing with
+//     admissions and with each other), or the parent does once everyone is done.
+namespace {
+namespace stress {
+
+constexpr int kChildren = 8, kIterations = 2000, kDevices = 2;
+constexpr std::size_t kMaxOutstanding = 3;
+constexpr std::uint64_t kTotal = 4 * kMiB;                       // each device's memory
+constexpr std::uint64_t kBudget[kDevices] = {1 * kMiB, 2 * kMiB};  // 1 MiB; 50% of 4 MiB
+constexpr int kFirstVictim = 2, kSecondVictim = 5;
+constexpr int kFirstStop = 600, kSecondStop = 1200;  // the iteration at which each stops, holding
+
+enum : int { kRunning, kParked, kHolding, kFinished };
+
+struct Board {
+  std::atomic<int> go{0}, pause{0}, first_victim_done{0};
+  std::atomic<int> state[kChildren];
+  std::atomic<std::uint64_t> version[kChildren];             // odd while the child changes its counts
+  std::atomic<std::uint64_t> admitted[kChildren][kDevices];  // admitted and not released
+  std::atomic<std::uint64_t> total[kDevices];                // the same, every child
+  std::atomic<std::uint64_t> worst[kDevices];                // the largest total seen
+  std::atomic<std::uint64_t> over_budget{0};                 // totals past the budget
+  std::atomic<std::uint64_t> held_mismatch{0};               // held_mine() other than the child's own count
+  std::atomic<std::uint64_t> admissions[kChildren], refusals[kChildren];
+  std::atomic<int> join_failed{0};
+};
+
+void change_count(Board& board, int me, int device, std::uint64_t add, std::uint64_t sub) {
+  board.version[me].fetch_add(1);
+  if (add) board.admitted[me][device].fetch_add(add);
+  if (sub) board.admitted[me][device].fetch_sub(sub);
+  board.version[me].fetch_add(1);
+}
+
+int run_child(int me, const std::string& name, const LimitSpec& limit, Board& board) {
+  std::string error;
+  auto b = SharedBudget::join(name, limit, false, &error);
+  if (!b) {
+    board.join_failed.fetch_add(1);
+    return 2;
+  }
+  while (board.go.load() == 0) usleep(100);
+  std::mt19937_64 rng(0x5eed'0000u + static_cast<unsigned>(me));
+  struct Claim {
+    int device;
+    std::uint64_t bytes;
+  };
+  std::vector<Claim> out;
+  std::uint64_t mine[kDevices] = {};
+  const int stop = me == kFirstVictim ? kFirstStop : me == kSecondVictim ? kSecondStop : -1;
+
+  auto park = [&] {
+    if (board.pause.load() == 0) return;
+    board.state[me].store(kParked);
+    while (board.pause.load() != 0) usleep(100);
+    board.state[me].store(kRunning);
+  };
+  auto admit = [&](int d, std::uint64_t bytes) {
+    if (!b->admit(d, kTotal, bytes, 0)) {
+      board.refusals[me].fetch_add(1);
+      return;
+    }
+    board.admissions[me].fetch_add(1);
+    const std::uint64_t now = board.total[d].fetch_add(bytes) + bytes;
+    if (now > kBudget[d]) board.over_budget.fetch_add(1);
+    std::uint64_t worst = board.worst[d].load();
+    while (now > worst && !board.worst[d].compare_exchange_weak(worst, now)) {
+    }
+    change_count(board, me, d, bytes, 0);
+    mine[d] += bytes;
+    out.push_back({d, bytes});
+  };
+  auto release_oldest = [&] {
+    const Claim c = out.front();
+    out.erase(out.begin());
+    change_count(board, me, c.device, 0, c.bytes);
+    board.total[c.device].fetch_sub(c.bytes);
+    mine[c.device] -= c.bytes;
+    b->release(c.device, c.bytes);
+  };
+  auto check_mine = [&] {
+    for (int d = 0; d < kDevices; ++d)
+      if (b->held_mine(d) != mine[d]) board.held_mismatch.fetch_add(1);
+  };
+
+  for (int i = 0; i < kIterations; ++i) {
+    park();
+    if (i == stop) {
+      // A victim: (the second waits for the first to be dealt with) hold something, say so, and
+      // wait to be killed.
+      while (me == kSecondVictim && board.first_victim_done.load() == 0) {
+        park();
+        usleep(200);
+      }
+      while (out.empty()) {
+        park();
+        const int d = static_cast<int>(rng() % kDevices);
+        admit(d, 1 + rng() % (kBudget[d] / 8));
+        if (out.empty()) usleep(100);
+      }
+      check_mine();
+      board.state[me].store(kHolding);
+      for (;;) pause();
+    }
+    if (!out.empty() && (out.size() == kMaxOutstanding || rng() % 3 == 0)) {
+      release_oldest();
+    } else {
+      const int d = static_cast<int>(rng() % kDevices);
+      admit(d, 1 + rng() % (kBudget[d] / 2));
+    }
+    check_mine();
+  }
+  while (!out.empty()) release_oldest();
+  check_mine();
+  board.state[me].store(kFinished);
+  return 0;
+}
+
+// The children's counts, summed at one instant; false if some count changed while they were read.
+bool snapshot(const Board& board, std::uint64_t sums[kDevices]) {
+  std::uint64_t before[kChildren], counts[kChildren][kDevices];
+  for (int i = 0; i < kChildren; ++i)
+    if ((before[i] = board.version[i].load()) & 1) return false;
+  for (int i = 0; i < kChildren; ++i)
+    for (int d = 0; d < kDevices; ++d) counts[i][d] = board.admitted[i][d].load();
+  for (int i = 0; i < kChildren; ++i)
+    if (board.version[i].load() != before[i]) return false;
+  for (int d = 0; d < kDevices; ++d) {
+    sums[d] = 0;
+    for (int i = 0; i < kChildren; ++i) sums[d] += counts[i][d];
+  }
+  return true;
+}
+
+}  // namespace stress
+}  // namespace
+
+TEST_CASE("share: eight processes admitting at once never pass the budget; killed ones are reclaimed",
+          "[share][fork][stress]") {
+  using namespace stress;
+  const std::string name = unique_name("stress");
+  const Unlink cleanup{name};
+  const LimitSpec limit = limit_of(bytes(kBudget[0]), {{1, percent(50)}});
+  auto parent = must_join(name, limit);  // made before the children: they open it
+  REQUIRE(parent->budget(0, kTotal) == kBudget[0]);
+  REQUIRE(parent->budget(1, kTotal) == kBudget[1]);
+  Shared<Board> board;
+
+  std::vector<std::unique_ptr<Child>> children;
+  for (int i = 0; i < kChildren; ++i)
+    children.push_back(std::make_unique<Child>([&, i] { return run_child(i, name, limit, *board); }));
+  board->go.store(1);
+
+  std::uint64_t snapshots = 0, snapshot_over = 0, snapshot_worst[kDevices] = {};
+  std::uint64_t first_victim_bytes[kDevices] = {}, second_victim_bytes[kDevices] = {};
+  bool first_killed = false, second_killed = false;
+  auto take_snapshot = [&] {
+    std::uint64_t sums[kDevices];
+    if (!snapshot(*board, sums)) return;
+    ++snapshots;
+    for (int d = 0; d < kDevices; ++d) {
+      snapshot_worst[d] = std::max(snapshot_worst[d], sums[d]);
+      if (sums[d] > kBudget[d]) ++snapshot_over;
+    }
+  };
+  auto still_running = [&](int i) { return board->state[i].load() == kRunning && children[i]->running(); };
+  auto wait_for = [&](auto done) {
+    const std::uint64_t give_up = now_ns() + 300'000'000'000ull;  // a guard against a hang
+    while (!done()) {
+      if (now_ns() > give_up) FAIL("the children never got there");
+      usleep(200);
+    }
+  };
+  // A victim's counts leave the sums before it dies: from its death on, its bytes may be
+  // reclaimed and admitted again.
+  auto forget = [&](int v, std::uint64_t (&per_device)[kDevices]) {
+    for (int d = 0; d < kDevices; ++d) {
+      per_device[d] = board->admitted[v][d].load();
+      change_count(*board, v, d, 0, per_device[d]);
+      board->total[d].fetch_sub(per_device[d]);
+    }
+  };
+
+  for (;;) {
+    take_snapshot();
+    if (!first_killed && board->state[kFirstVictim].load() == kHolding) {
+      // Everyone else parked between steps (or done): the slots hold exactly the children's counts.
+      board->pause.store(1);
+      wait_for([&] {
+        for (int i = 0; i < kChildren; ++i)
+          if (still_running(i)) return false;
+        return true;
+      });
+      for (int d = 0; d < kDevices; ++d) {
+        std::uint64_t counted = 0;
+        for (int i = 0; i < kChildren; ++i) counted += board->admitted[i][d].load();
+        CHECK(parent->held_total(d) == counted);
+      }
+      forget(kFirstVictim, first_victim_bytes);
+      children[kFirstVictim]->kill9();
+      CHECK(children[kFirstVictim]->wait() == 128 + SIGKILL);
+      CHECK(first_victim_bytes[0] + first_victim_bytes[1] > 0);
+      // The parent, a member that holds nothing, reclaims exactly the dead one's bytes.
+      CHECK(parent->reclaim_dead() == first_victim_bytes[0] + first_victim_bytes[1]);
+      CHECK(member_of(parent->members(), children[kFirstVictim]->pid()) == nullptr);
+      for (int d = 0; d < kDevices; ++d) {
+        std::uint64_t counted = 0;
+        for (int i = 0; i < kChildren; ++i) counted += board->admitted[i][d].load();
+        CHECK(parent->held_total(d) == counted);
+      }
+      first_killed = true;
+      board->first_victim_done.store(1);
+      board->pause.store(0);
+    }
+    if (!second_killed && board->state[kSecondVictim].load() == kHolding) {
+      forget(kSecondVictim, second_victim_bytes);
+      children[kSecondVictim]->kill9();
+      CHECK(children[kSecondVictim]->wait() == 128 + SIGKILL);
+      CHECK(second_victim_bytes[0] + second_victim_bytes[1] > 0);
+      second_killed = true;
+    }
+    bool any = false;
+    for (int i = 0; i < kChildren; ++i) any = any || children[i]->running();
+    if (!any) break;
+    usleep(200);
+  }
+  take_snapshot();
+
+  CHECK(board->join_failed.load() == 0);
+  for (int i = 0; i < kChildren; ++i) {
+    INFO("child " << i);
+    CHECK(children[i]->wait() == (i == kFirstVictim || i == kSecondVictim ? 128 + SIGKILL : 0));
+    CHECK(board->admissions[i].load() > 0);
+  }
+  CHECK(first_killed);
+  CHECK(second_killed);
+  std::uint64_t admissions = 0, refusals = 0;
+  for (int i = 0; i < kChildren; ++i) {
+    admissions += board->admissions[i].load();
+    refusals += board->refusals[i].load();
+  }
+  INFO(admissions << " admissions, " << refusals << " refusals, " << snapshots << " snapshots; worst "
+                  << board->worst[0].load() << " / " << kBudget[0] << " and " << board->worst[1].load() << " / "
+                  << kBudget[1]);
+  CHECK(refusals > 0);  // the budget was contended
+  CHECK(board->over_budget.load() == 0);
+  CHECK(snapshot_over == 0);
+  for (int d = 0; d < kDevices; ++d) {
+    CHECK(board->worst[d].load() <= kBudget[d]);
+    CHECK(snapshot_worst[d] <= kBudget[d]);
+    CHECK(board->total[d].load() == 0);
+  }
+  CHECK(board->held_mismatch.load() == 0);
+
+  // Everyone is gone. What the slots still hold is the second victim's, unless a refused child
+  // reclaimed it already; the parent reclaims the rest, and the budget is empty.
+  std::uint64_t left = 0;
+  for (int d = 0; d < kDevices; ++d) {
+    CHECK(parent->held_total(d) <= second_victim_bytes[d]);
+    left += parent->held_total(d);
+  }
+  for (const SharedBudget::Member& m : parent->members()) CHECK_FALSE(m.alive);
+  CHECK(parent->reclaim_dead() == left);
+  for (int d = 0; d < kDevices; ++d) CHECK(parent->held_total(d) == 0);
+  CHECK(parent->members().empty());
+  CHECK(parent->room(0, kTotal) == kBudget[0]);
+}
+
+// ---- 4. A forked child ---------------------------------------------------------------------------
+
+TEST_CASE("share: a forked child is a member of its own, and its bytes are reclaimed once it is gone", "[share][fork]") {
+  const std::string name = unique_name("fork");
+  const Unlink cleanup{name};
+  const std::uint64_t total = 4000;
+  auto b = must_join(name, limit_of(bytes(1000)));
+  REQUIRE(b->admit(0, total, 300, 0));
+  const int parent_pid = getpid();
+
+  struct Report {
+    std::atomic<std::uint64_t> mine_after_fork{~0ull}, total_after_stray_release{0}, mine_after_admit{0},
+        total_after_admit{0};
+    std::atomic<int> members{0}, sees_parent{0}, sees_self{0}, refused_past_budget{0};
+  };
+  Shared<Report> r;
+  Child child([&] {
+    b->after_fork_in_child();
+    r->mine_after_fork = b->held_mine(0);  // the parent's slot is not the child's
+    b->release(0, 300);                    // so releasing what the parent holds does nothing
+    r->total_after_stray_release = b->held_total(0);
+    if (!b->admit(0, total, 200, 0)) return 2;
+    r->mine_after_admit = b->held_mine(0);
+    r->total_after_admit = b->held_total(0);
+    const auto members = b->members();
+    r->members = static_cast<int>(members.size());
+    for (const SharedBudget::Member& m : members) {
+      if (m.pid == parent_pid && m.alive && m.held[0] == 300) r->sees_parent = 1;
+      if (m.pid == getpid() && m.alive && m.held[0] == 200) r->sees_self = 1;
+    }
+    r->refused_past_budget = b->admit(0, total, 501, 0) ? 0 : 1;
+    return 0;  // leaves holding its 200 bytes
+  });
+  REQUIRE(child.wait() == 0);
+  CHECK(r->mine_after_fork.load() == 0);
+  CHECK(r->total_after_stray_release.load() == 300);
+  CHECK(r->mine_after_admit.load() == 200);
+  CHECK(r->total_after_admit.load() == 500);
+  CHECK(r->members.load() == 2);
+  CHECK(r->sees_parent.load() == 1);
+  CHECK(r->sees_self.load() == 1);
+  CHECK(r->refused_past_budget.load() == 1);
+
+  // Gone, its slot still holds its bytes: shown as gone, until someone reclaims them.
+  CHECK(b->held_mine(0) == 300);
+  CHECK(b->held_total(0) == 500);
+  const auto members = b->members();
+  REQUIRE(members.size() == 2);
+  const SharedBudget::Member* gone = member_of(members, child.pid());
+  REQUIRE(gone != nullptr);
+  CHECK_FALSE(gone->alive);
+  CHECK(gone->held[0] == 200);
+  CHECK(b->holders(0).find("pid " + std::to_string(child.pid()) + " (") != std::string::npos);
+  CHECK(b->holders(0).find("(gone)") != std::string::npos);
+  CHECK(b->reclaim_dead() == 200);
+  CHECK(b->reclaim_dead() == 0);
+  CHECK(b->held_total(0) == 300);
+  CHECK(b->members().size() == 1);
+
+  // A refused admission reclaims by itself: a child takes the rest of the budget and leaves; the
+  // parent's next admission finds it gone and gets the room.
+  Child greedy([&] {
+    b->after_fork_in_child();
+    return b->admit(0, total, 700, 0) ? 0 : 1;
+  });
+  REQUIRE(greedy.wait() == 0);
+  CHECK(b->held_total(0) == 1000);
+  CHECK(b->admit(0, total, 600, 0));
+  CHECK(b->held_mine(0) == 900);
+  CHECK(b->held_total(0) == 900);
+  CHECK(member_of(b->members(), greedy.pid()) == nullptr);
+}
+
+// ---- 5. Waiting for room -------------------------------------------------------------------------
+
+TEST_CASE("share: a member waits for room, and is admitted once another gives it back", "[share][fork][wait]") {
+  const std::string name = unique_name("wait");
+  const Unlink cleanup{name};
+  const std::uint64_t total = 4000;
+  const std::uint64_t long_wait = 30'000'000'000ull;  // 30 s: far longer than the test needs
+  std::atomic<int> give_backs{0};  // outlives b, whose give-back thread counts here
+  auto b = must_join(name, limit_of(bytes(1000)));
+  REQUIRE(b->admit(0, total, 900, 0));
+  auto waiting_for = [&](const Child& c) -> std::uint64_t {
+    const auto members = b->members();
+    const SharedBudget::Member* m = member_of(members, c.pid());
+    return m != nullptr ? m->waiting[0] : 0;
+  };
+  // A child that waits for 500 bytes: exit 0 if it got them.
+  auto waiter = [&] {
+    b->after_fork_in_child();
+    return b->admit(0, total, 500, long_wait) && b->held_mine(0) == 500 ? 0 : 1;
+  };
+
+  SECTION("without waiting, refused at once") {
+    auto other = must_join(name, limit_of(bytes(1000)));
+    CHECK_FALSE(other->admit(0, total, 500, 0));
+    CHECK(other->held_mine(0) == 0);
+    Child child([&] {
+      b->after_fork_in_child();
+      return b->admit(0, total, 500, 0) ? 1 : 0;
+    });
+    CHECK(child.wait() == 0);
+    for (const SharedBudget::Member& m : b->members()) CHECK(m.waiting[0] == 0);
+    CHECK(b->reclaim_dead() == 0);  // the child left nothing
+    CHECK(b->held_total(0) == 900);
+  }
+
+  SECTION("waiting, admitted when the holder releases") {
+    Child child(waiter);
+    // It says what it waits for in its slot; only then does the holder release.
+    REQUIRE(wait_until(child, [&] { return waiting_for(child) == 500; }));
+    b->release(0, 900);
+    CHECK(child.wait() == 0);
+    CHECK(b->reclaim_dead() == 500);  // it left holding them
+    CHECK(b->held_total(0) == 0);
+  }
+
+  SECTION("waiting, admitted when the holder's give-back thread returns its memory") {
+    Child child(waiter);  // forked before the give-back thread starts
+    b->serve_give_back([&] {
+      if (give_backs.fetch_add(1) == 0) b->release(0, 900);
+    });
+    CHECK(child.wait() == 0);
+    CHECK(give_backs.load() >= 1);
+    CHECK(b->held_mine(0) == 0);
+    CHECK(b->reclaim_dead() == 500);
+  }
+}
+
+// ---- Known problems (tests that show them: [!mayfail]) -------------------------------------------
+
+// A member that has exited but that its parent has not yet waited for is a zombie: kill(pid, 0)
+// succeeds and /proc/<pid>/stat still shows its start time, so alive() calls it alive and its bytes
+// stay held until it is reaped (forever, under a parent that never reaps, as PID 1 in a container
+// without an init). alive() should read the state (field 3) too: 'Z' or 'X' is gone.
+TEST_CASE("share: a member that has exited but is not yet reaped is gone", "[share][fork][!mayfail]") {
+  const std::string name = unique_name("zombie");
+  const Unlink cleanup{name};
+  auto b = must_join(name, limit_of(bytes(1000)));
+  Child child([&] {
+    b->after_fork_in_child();
+    return b->admit(0, 4000, 100, 0) ? 0 : 1;
+  });
+  siginfo_t info{};
+  REQUIRE(waitid(P_PID, static_cast<id_t>(child.pid()), &info, WEXITED | WNOWAIT) == 0);  // exited, not reaped
+  REQUIRE(info.si_status == 0);
+  const auto members = b->members();
+  const SharedBudget::Member* m = member_of(members, child.pid());
+  REQUIRE(m != nullptr);
+  CHECK_FALSE(m->alive);
+  CHECK(b->reclaim_dead() == 100);
+  CHECK(child.wait() == 0);
+  b->reclaim_dead();
+  CHECK(b->held_total(0) == 0);
+}
+
+// admit()'s wait loop reads released_seq, then tries; a refused try bumps released_seq itself, so
+// the futex wait that follows finds the word changed and returns at once: the waiter spins (each
+// round also reading /proc for every member and waking every other waiter) instead of sleeping up
+// to 50 ms. Every refused try bumps released_seq once, so while nobody releases, its count is the
+// number of tries: a waiter that sleeps makes at most one per 50 ms (plus the first). Load can
+// only lower the count, never raise it.
+TEST_CASE("share: a waiting member sleeps between tries", "[share][fork][wait][!mayfail]") {
+  const std::string name = unique_name("sleep");
+  const Unlink cleanup{name};
+  auto b = must_join(name, limit_of(bytes(1000)));
+  REQUIRE(b->admit(0, 4000, 900, 0));
+  const int fd = open(segment_path(name).c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  void* p = mmap(nullptr, sizeof(SharedBudget::Segment), PROT_READ, MAP_SHARED, fd, 0);
+  close(fd);
+  REQUIRE(p != MAP_FAILED);
+  const auto* seg = static_cast<const SharedBudget::Segment*>(p);
+  Child child([&] {
+    b->after_fork_in_child();
+    return b->admit(0, 4000, 500, 30'000'000'000ull) ? 0 : 1;
+  });
+  REQUIRE(wait_until(child, [&] {
+    const auto members = b->members();
+    const SharedBudget::Member* m = member_of(members, child.pid());
+    return m != nullptr && m->waiting[0] == 500;
+  }));
+  const std::uint32_t seq0 = seg->released_seq.load();
+  const std::uint64_t t0 = now_ns();
+  while (now_ns() - t0 < 300'000'000ull) usleep(10'000);
+  const std::uint32_t tries = seg->released_seq.load() - seq0;
+  const std::uint64_t elapsed = now_ns() - t0;
+  b->release(0, 900);
+  CHECK(child.wait() == 0);
+  INFO(tries << " tries in " << elapsed / 1'000'000 << " ms; the waiter used " << child.cpu_seconds()
+             << " s of CPU");
+  CHECK(tries <= elapsed / 50'000'000ull + 2);
+  munmap(p, sizeof(SharedBudget::Segment));
+  b->reclaim_dead();
+}
+
+// my_slot() is not safe for two threads of one process using the budget for the first time at
+// once: both find no slot, both claim one, and mine_ keeps the last. A claim added to the other
+// slot is later released from this one (clamped at zero), so its bytes stay held, and the budget
+// stays smaller, until the process exits. A process-local lock (or a compare-exchange of mine_
+// that gives the losing slot back) around the first claim fixes it.
+TEST_CASE("share: threads of one process using the budget for the first time at once get one slot", "[share][!mayfail]") {
+  const std::string name = unique_name("threads");
+  const Unlink cleanup{name};
+  const LimitSpec limit = limit_of(bytes(1'000'000));
+  constexpr int kRounds = 20, kThreads = 4;
+  int extra_slots = 0;
+  std::uint64_t leaked = 0;
+  for (int round = 0; round < kRounds; ++round) {
+    auto b = must_join(name, limit);  // a new member: no slot yet
+    auto mine = [&] {
+      int n = 0;
+      for (const SharedBudget::Member& m : b->members()) n += m.pid == getpid();
+      return n;
+    };
+    const int before = mine();
+    const std::uint64_t held_before = b->held_total(0);
+    std::atomic<int> ready{0};
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&] {
+        ready.fetch_add(1);
+        while (!go.load()) {
+        }
+        if (b->try_admit(0, 1'000'000, 1)) b->release(0, 1);
+      });
+    while (ready.load() < kThreads) {
+    }
+    go.store(true);
+    for (std::thread& t : threads) t.join();
+    extra_slots += mine() - before - 1;
+    leaked += b->held_total(0) - held_before;
+  }
+  CHECK(extra_slots == 0);
+  CHECK(leaked == 0);
+}
