@@ -69,25 +69,43 @@ std::string SharedBudget::segment_name(const std::string& name, bool group) {
   return "/cupool-share-" + (group ? "g" + std::to_string(getgid()) : std::to_string(getuid())) + "-" + name;
 }
 
-std::uint64_t SharedBudget::start_ticks_of(int pid) {
+namespace {
+// The state (field 3) and start time (field 22) of `pid` from /proc/<pid>/stat; false if unreadable.
+bool proc_stat(int pid, char* state, std::uint64_t* start_ticks) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
-  if (!std::getline(f, stat)) return 0;
-  // The command (field 2) is in parentheses and may hold spaces: count fields after its ')'.
+  if (!std::getline(f, stat)) return false;
+  // The command (field 2) is in parentheses and may hold spaces and parentheses: fields after
+  // its last ')'.
   const std::size_t close = stat.rfind(')');
-  if (close == std::string::npos) return 0;
+  if (close == std::string::npos || close + 2 >= stat.size()) return false;
   std::istringstream rest(stat.substr(close + 2));
   std::string field;
-  for (int i = 3; i <= 22 && rest >> field; ++i)
-    if (i == 22) return std::strtoull(field.c_str(), nullptr, 10);
-  return 0;
+  for (int i = 3; i <= 22 && rest >> field; ++i) {
+    if (i == 3) *state = field.empty() ? '?' : field[0];
+    if (i == 22) {
+      *start_ticks = std::strtoull(field.c_str(), nullptr, 10);
+      return true;
+    }
+  }
+  return false;
+}
+}  // namespace
+
+std::uint64_t SharedBudget::start_ticks_of(int pid) {
+  char state = '?';
+  std::uint64_t start = 0;
+  return proc_stat(pid, &state, &start) ? start : 0;
 }
 
 bool SharedBudget::alive(int pid, std::uint64_t start_ticks) {
   if (pid <= 0) return false;
   if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  const std::uint64_t now = start_ticks_of(pid);
-  return now == 0 ? true : now == start_ticks;  // unreadable /proc (another user's): trust kill()
+  char state = '?';
+  std::uint64_t start = 0;
+  if (!proc_stat(pid, &state, &start)) return true;  // unreadable /proc (another user's): trust kill()
+  if (state == 'Z' || state == 'X') return false;    // exited, not yet reaped: holds nothing any more
+  return start == start_ticks;                        // else a new process that got the pid
 }
 
 std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const LimitSpec& limit, bool group,
@@ -124,6 +142,10 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
   for (int i = 0; i < 1000 && !created; ++i) {
     if (fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(Segment)) break;
     usleep(1000);
+  }
+  if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(Segment)) {
+    close(fd);
+    return fail("/dev/shm" + seg_name + " was never set up (too small); remove it if no member is running");
   }
   void* p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
@@ -222,8 +244,11 @@ SharedBudget::Slot* SharedBudget::my_slot() {
       s.ooms.store(0);
       std::snprintf(s.command, sizeof s.command, "%s", own_command().c_str());
       s.owner.store(me | kLive, std::memory_order_seq_cst);
-      mine_.store(&s, std::memory_order_release);
-      return &s;
+      // Threads of this process may claim at once: one slot wins, the others are given back.
+      Slot* winner = nullptr;
+      if (mine_.compare_exchange_strong(winner, &s, std::memory_order_acq_rel)) return &s;
+      s.owner.store(0, std::memory_order_seq_cst);
+      return winner;
     }
     reclaim_dead();  // full: slots of members that are gone are free again
   }
@@ -256,6 +281,10 @@ std::uint64_t SharedBudget::reclaim_dead() {
 }
 
 bool SharedBudget::try_admit(int device, std::uint64_t budget, std::uint64_t bytes) {
+  return claim(device, budget, bytes, true);
+}
+
+bool SharedBudget::claim(int device, std::uint64_t budget, std::uint64_t bytes, bool notify) {
   Slot* mine = my_slot();
   if (mine == nullptr || device < 0 || device >= kMaxDevices) return false;
   // 1. Claim. 2. Sum every claim, this one included. 3. Over the budget: take it back.
@@ -264,9 +293,12 @@ bool SharedBudget::try_admit(int device, std::uint64_t budget, std::uint64_t byt
   for (const Slot& s : seg_->slots) sum = saturating_add(sum, s.held[device].load(std::memory_order_seq_cst));
   if (sum <= budget) return true;
   mine->held[device].fetch_sub(bytes, std::memory_order_seq_cst);
-  // Someone waiting for room may fit now that this claim is gone.
-  seg_->released_seq.fetch_add(1);
-  if (seg_->waiters.load() > 0) futex_wake_all(&seg_->released_seq);
+  // Someone waiting for room may fit now that this claim is gone (a waiter's own retries do not
+  // say so: waiters would wake each other for ever).
+  if (notify) {
+    seg_->released_seq.fetch_add(1);
+    if (seg_->waiters.load() > 0) futex_wake_all(&seg_->released_seq);
+  }
   return false;
 }
 
@@ -288,7 +320,7 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   bool ok = false;
   for (;;) {
     const std::uint32_t seen = seg_->released_seq.load();
-    if (try_admit(device, *b, bytes)) {
+    if (claim(device, *b, bytes, false)) {
       ok = true;
       break;
     }

@@ -126,6 +126,8 @@ class SharedBudget {
  private:
   SharedBudget() = default;
   Slot* my_slot();  // claimed at first use
+  // The protocol's step; `notify`: a refusal wakes the waiters (not from a waiter's own retries).
+  bool claim(int device, std::uint64_t budget, std::uint64_t bytes, bool notify);
   void stop_give_back();
 
   std::string name_;

@@ -1306,13 +1306,13 @@ TEST_CASE("share: a member waits for room, and is admitted once another gives it
   }
 }
 
-// ---- Known problems (tests that show them: [!mayfail]) -------------------------------------------
+// ---- Problems found and fixed (each test failed before its fix) -------------------------------------------
 
 // A member that has exited but that its parent has not yet waited for is a zombie: kill(pid, 0)
 // succeeds and /proc/<pid>/stat still shows its start time, so alive() calls it alive and its bytes
 // stay held until it is reaped (forever, under a parent that never reaps, as PID 1 in a container
 // without an init). alive() should read the state (field 3) too: 'Z' or 'X' is gone.
-TEST_CASE("share: a member that has exited but is not yet reaped is gone", "[share][fork][!mayfail]") {
+TEST_CASE("share: a member that has exited but is not yet reaped is gone", "[share][fork]") {
   const std::string name = unique_name("zombie");
   const Unlink cleanup{name};
   auto b = must_join(name, limit_of(bytes(1000)));
@@ -1339,7 +1339,7 @@ TEST_CASE("share: a member that has exited but is not yet reaped is gone", "[sha
 // to 50 ms. Every refused try bumps released_seq once, so while nobody releases, its count is the
 // number of tries: a waiter that sleeps makes at most one per 50 ms (plus the first). Load can
 // only lower the count, never raise it.
-TEST_CASE("share: a waiting member sleeps between tries", "[share][fork][wait][!mayfail]") {
+TEST_CASE("share: a waiting member sleeps between tries", "[share][fork][wait]") {
   const std::string name = unique_name("sleep");
   const Unlink cleanup{name};
   auto b = must_join(name, limit_of(bytes(1000)));
@@ -1378,7 +1378,7 @@ TEST_CASE("share: a waiting member sleeps between tries", "[share][fork][wait][!
 // slot is later released from this one (clamped at zero), so its bytes stay held, and the budget
 // stays smaller, until the process exits. A process-local lock (or a compare-exchange of mine_
 // that gives the losing slot back) around the first claim fixes it.
-TEST_CASE("share: threads of one process using the budget for the first time at once get one slot", "[share][!mayfail]") {
+TEST_CASE("share: threads of one process using the budget for the first time at once get one slot", "[share]") {
   const std::string name = unique_name("threads");
   const Unlink cleanup{name};
   const LimitSpec limit = limit_of(bytes(1'000'000));
