@@ -280,7 +280,10 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   transit_ -= chunk;
   --growing_;
   transit_cv_.notify_all();  // waiters re-check once the chunk is in (same critical section)
-  if (abandoned_) return {0, OomClass::device, 0};  // the context went away meanwhile
+  if (abandoned_) {  // the context went away meanwhile: the upstream (detached) settles the budget
+    if (st == UpstreamStatus::ok) up_.release(base, got);
+    return {0, OomClass::device, 0};
+  }
   if (st == UpstreamStatus::share_exhausted) return {0, OomClass::share, 0};
   if (st != UpstreamStatus::ok) return {0, OomClass::device, code};
   step_ = std::min<std::uint64_t>(step_ * 2, std::max<std::uint64_t>(cfg_.growth_chunk_max, step_));
@@ -326,7 +329,10 @@ DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
   transit_cv_.notify_all();
   prealloc_busy_ = false;
   prealloc_cv_.notify_all();
-  if (abandoned_) return {0, OomClass::device, 0};
+  if (abandoned_) {
+    if (st == UpstreamStatus::ok) up_.release(base, got);
+    return {0, OomClass::device, 0};
+  }
   if (st == UpstreamStatus::share_exhausted) return {0, OomClass::share, 0};
   if (st != UpstreamStatus::ok) return {0, OomClass::device, code};
   prealloc_done_ = true;

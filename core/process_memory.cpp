@@ -30,10 +30,10 @@ class BudgetedUpstream final : public Upstream {
     publish();
     return st;
   }
+  // May be called with the pool's lock held (a chunk the pool could not take): no publish here.
   void release(std::uint64_t base, std::size_t bytes) override {
     inner_.release(base, bytes);
     share_.release(c_.device, bytes);
-    publish();
   }
   void device_memory(std::size_t* total, std::size_t* free) override { inner_.device_memory(total, free); }
   void synchronize() override { inner_.synchronize(); }
@@ -44,20 +44,19 @@ class BudgetedUpstream final : public Upstream {
   bool capturing() override { return inner_.capturing(); }
 
  private:
-  std::uint64_t total() {
-    if (c_.device_total == 0) {
-      std::size_t t = 0, f = 0;
-      inner_.device_memory(&t, &f);
-      c_.device_total = t;
-    }
-    return c_.device_total;
-  }
-  // What `cupool top` shows of this member: the figures at its last chunk taken or given back.
+  std::uint64_t total() const { return c_.device_total; }
+  // What `cupool top` shows of this member: its figures at its last chunk taken (and at each
+  // give-back). Called without the pool's lock.
   void publish() {
     if (!c_.pool) return;
     const PoolStats s = c_.pool->state();
     share_.publish(c_.device, s.in_use + c_.pool->external(), s.reserved + c_.pool->external());
   }
+
+ public:
+  void publish_now() { publish(); }
+
+ private:
 
   Upstream& inner_;
   SharedBudget& share_;
@@ -67,14 +66,7 @@ class BudgetedUpstream final : public Upstream {
 
 }  // namespace
 
-std::uint64_t ProcessMemory::device_total(ContextMemory& c) {
-  if (c.device_total == 0 && c.upstream) {
-    std::size_t t = 0, f = 0;
-    c.upstream->device_memory(&t, &f);
-    c.device_total = t;
-  }
-  return c.device_total;
-}
+std::uint64_t ProcessMemory::device_total(const ContextMemory& c) { return c.device_total; }
 
 ProcessMemory::ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm, SharedBudget* share)
     : cfg_(cfg), observer_(observer), share_(share) {
@@ -120,6 +112,13 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
   auto record = std::make_unique<ContextMemory>();
   record->ctx = ctx;
   if (!describe(*record) || record->upstream == nullptr) return nullptr;
+  // The device's memory, once (a percent budget resolves against it); asked before the slot is
+  // published, so no thread ever writes it later.
+  {
+    std::size_t total = 0, free = 0;
+    record->upstream->device_memory(&total, &free);
+    record->device_total = total;
+  }
   Upstream* pool_upstream = record->upstream;
   if (share_) {
     record->budgeted = std::make_unique<BudgetedUpstream>(*record->upstream, *share_, *record, cfg_.share_wait_ns);
@@ -152,11 +151,23 @@ void ProcessMemory::drop_slot_locked(int i, const std::function<void(ContextMemo
   ContextMemory* c = slot_[i];
   slot_ctx_[i].store(kDropped, std::memory_order_release);
   if (before) before(*c);
+  // The driver frees all of it with the context: the shared budget gets back what the pool's
+  // chunks and the memory outside the pool held (chunks in flight settle themselves).
+  std::uint64_t held = c->pool->state().reserved;
   c->pool->abandon();
   if (VmmCache* cache = vmm_cache_.load(std::memory_order_acquire)) cache->abandon(c->upstream);
-  std::lock_guard lock(outside_mutex_);
-  for (auto it = outside_.begin(); it != outside_.end();)
-    it = it->second.owner == c ? outside_.erase(it) : std::next(it);
+  {
+    std::lock_guard lock(outside_mutex_);
+    for (auto it = outside_.begin(); it != outside_.end();) {
+      if (it->second.owner != c) {
+        ++it;
+        continue;
+      }
+      held += it->second.bytes;
+      it = outside_.erase(it);
+    }
+  }
+  if (share_) share_->release(c->device, held);
 }
 
 void ProcessMemory::drop(std::uint64_t ctx, const std::function<void(ContextMemory&)>& before) {
@@ -261,6 +272,7 @@ void ProcessMemory::give_back() {
   for_each([this](ContextMemory& c) {
     c.pool->trim();
     vmm_evict(&c);
+    if (c.budgeted) static_cast<BudgetedUpstream*>(c.budgeted.get())->publish_now();
   });
 }
 

@@ -37,7 +37,7 @@ struct ContextMemory {
   std::unique_ptr<DevicePool> pool;
   // With a shared budget: the upstream the pool uses, which asks the budget before the driver.
   std::unique_ptr<Upstream> budgeted;
-  std::uint64_t device_total = 0;  // the device's memory, for a budget given as a percent
+  std::uint64_t device_total = 0;  // the device's memory (set once, at creation): a percent budget's base
 };
 
 // How an allocation made outside the pools went, in the API's own terms.
@@ -145,7 +145,7 @@ class ProcessMemory {
   };
 
   void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const;
-  static std::uint64_t device_total(ContextMemory& c);
+  static std::uint64_t device_total(const ContextMemory& c);
   void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner);
   // The VMM cache gave a kept mapping's handle back to the driver: uncharged, and a `vmm_release`
   // event of cupool's own says so (reports count kept mappings as reserved until then).

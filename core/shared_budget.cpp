@@ -246,7 +246,10 @@ SharedBudget::Slot* SharedBudget::my_slot() {
       s.owner.store(me | kLive, std::memory_order_seq_cst);
       // Threads of this process may claim at once: one slot wins, the others are given back.
       Slot* winner = nullptr;
-      if (mine_.compare_exchange_strong(winner, &s, std::memory_order_acq_rel)) return &s;
+      if (mine_.compare_exchange_strong(winner, &s, std::memory_order_acq_rel)) {
+        start_give_back();  // a fork child's own (the parent's thread did not come along)
+        return &s;
+      }
       s.owner.store(0, std::memory_order_seq_cst);
       return winner;
     }
@@ -411,7 +414,13 @@ std::vector<SharedBudget::Member> SharedBudget::members() const {
 
 void SharedBudget::serve_give_back(std::function<void()> give_back) {
   if (read_only_ || give_back_ != nullptr) return;
-  give_back_ = new std::thread([this, fn = std::move(give_back)] {
+  give_back_fn_ = std::move(give_back);
+  start_give_back();
+}
+
+void SharedBudget::start_give_back() {
+  if (read_only_ || give_back_ != nullptr || !give_back_fn_) return;
+  give_back_ = new std::thread([this, fn = give_back_fn_] {
     std::uint32_t seen = seg_->wanted_seq.load();
     while (!stopping_.load()) {
       futex_wait(&seg_->wanted_seq, seen, 100'000'000);
@@ -442,7 +451,8 @@ void SharedBudget::stop_give_back() {
 void SharedBudget::after_fork_in_child() {
   mine_.store(nullptr, std::memory_order_release);
   my_pid_ = getpid();
-  give_back_ = nullptr;  // the parent's thread: not this process's to join (leaked)
+  give_back_ = nullptr;  // the parent's thread: not this process's to join (leaked); a new one
+                         // starts at the child's first claim
 }
 
 }  // namespace cupool

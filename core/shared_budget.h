@@ -137,6 +137,8 @@ class SharedBudget {
   std::atomic<Slot*> mine_{nullptr};
   int my_pid_ = 0;
   std::thread* give_back_ = nullptr;  // never destroyed in a fork child, where it is not ours
+  std::function<void()> give_back_fn_;  // kept across fork: a child starts its own thread at its first claim
+  void start_give_back();
   std::atomic<bool> stopping_{false};
 };
 
