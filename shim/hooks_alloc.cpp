@@ -51,17 +51,6 @@ namespace {
 
 std::uint64_t round_pitch(std::size_t width) { return (width + 511) & ~std::uint64_t{511}; }
 
-// A pointer or handle as the trace and ProcessMemory key it, and back.
-template <typename T>
-std::uint64_t key_of(T v) {
-  if constexpr (std::is_pointer_v<T>) return reinterpret_cast<std::uintptr_t>(v);
-  else return static_cast<std::uint64_t>(v);
-}
-template <typename T>
-T from_key(std::uint64_t v) {
-  if constexpr (std::is_pointer_v<T>) return reinterpret_cast<T>(static_cast<std::uintptr_t>(v));
-  else return static_cast<T>(v);
-}
 
 // Calls `body` for the outermost call with usable arguments, after the shim is set up; anything
 // else goes straight to the real function (`real_call`).
@@ -82,7 +71,7 @@ typename Api::Code allocate_outside_hook(Path path, const char* api, Out* out, s
   std::uint64_t key = 0;
   const auto rc = external_allocate<Api>(cp, bytes, api, &key, [&] {
     const auto r = real_call();
-    key = key_of(*out);
+    key = address(*out);
     return r;
   });
   ev.done(rc, bytes, rc == Api::ok ? key : 0, cp);
@@ -106,7 +95,7 @@ typename Api::Code pool_allocate_hook(Path path, const char* api, Ptr* out, std:
   const AllocResult r = memory().allocate(*cp, bytes, api, ev.pool_state());
   typename Api::Code rc = Api::ok;
   if (r.ptr) {
-    *out = from_key<Ptr>(r.ptr);
+    *out = pointer<Ptr>(r.ptr);
     if (pitch) *pitch = row;
   } else {
     Api::refused_here();
@@ -197,8 +186,8 @@ template <typename Api, typename Ptr, typename Stream, typename RealCall>
 typename Api::Code stream_ordered_free(Path path, const char* api, bool per_thread, Ptr ptr, Stream stream,
                                        RealCall&& real_call) {
   const void* s = stream;
-  return outermost(!graph_node(s, per_thread) && (!std::is_pointer_v<Ptr> || key_of(ptr) != 0), real_call, [&] {
-    return free_outside_hook<Api>(path, api, key_of(ptr), real_call, &s);
+  return outermost(!graph_node(s, per_thread) && (!std::is_pointer_v<Ptr> || address(ptr) != 0), real_call, [&] {
+    return free_outside_hook<Api>(path, api, address(ptr), real_call, &s);
   });
 }
 
@@ -318,7 +307,7 @@ cudaError_t cudaFree(Path path, void* devPtr) {
   auto call = [&] { return real ? real(devPtr) : RuntimeApi::no_library; };
   // cudaFree(NULL) only initialises the runtime: not an event.
   return outermost(devPtr != nullptr, call, [&] {
-    return free_any<RuntimeApi>(path, "cudaFree", key_of(devPtr), call,
+    return free_any<RuntimeApi>(path, "cudaFree", address(devPtr), call,
                                 [](ContextPool* cp) { return refuse_runtime_as_capture_does(cp); });
   });
 }
@@ -451,14 +440,14 @@ CUresult cuMipmappedArrayCreate(Path path, CUmipmappedArray* handle, const CUDA_
 CUresult cuArrayDestroy(Path path, CUarray handle) {
   auto real = CUPOOL_REAL(cuArrayDestroy);
   auto call = [&] { return real ? real(handle) : DriverApi::no_library; };
-  return outermost(true, call, [&] { return free_outside_hook<DriverApi>(path, "cuArrayDestroy", key_of(handle), call); });
+  return outermost(true, call, [&] { return free_outside_hook<DriverApi>(path, "cuArrayDestroy", address(handle), call); });
 }
 
 CUresult cuMipmappedArrayDestroy(Path path, CUmipmappedArray handle) {
   auto real = CUPOOL_REAL(cuMipmappedArrayDestroy);
   auto call = [&] { return real ? real(handle) : DriverApi::no_library; };
   return outermost(true, call, [&] {
-    return free_outside_hook<DriverApi>(path, "cuMipmappedArrayDestroy", key_of(handle), call);
+    return free_outside_hook<DriverApi>(path, "cuMipmappedArrayDestroy", address(handle), call);
   });
 }
 

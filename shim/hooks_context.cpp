@@ -190,17 +190,6 @@ bool chunk_holds(std::uint64_t base, const ipc::BlockPlace& place) {
          place.size <= bytes - place.offset;
 }
 
-// The runtime's device pointers are void*, the driver's CUdeviceptr: both as addresses.
-template <typename Ptr>
-std::uint64_t address(Ptr p) {
-  if constexpr (std::is_pointer_v<Ptr>) return reinterpret_cast<std::uintptr_t>(p);
-  else return static_cast<std::uint64_t>(p);
-}
-template <typename Ptr>
-Ptr pointer(std::uint64_t a) {
-  if constexpr (std::is_pointer_v<Ptr>) return reinterpret_cast<Ptr>(static_cast<std::uintptr_t>(a));
-  else return static_cast<Ptr>(a);
-}
 
 // cudaIpcOpenMemHandle / cuIpcOpenMemHandle_v2 through the real `open` (and `close`). A handle
 // that carries a block's place opens its chunk, and the block is what the caller gets; if it

@@ -2,6 +2,7 @@
 // the path the call came by first; the exported symbol and the per-path thunks call it.
 #pragma once
 
+#include <cstdint>
 #include <type_traits>
 
 #include "cuda_api.h"
@@ -9,6 +10,19 @@
 #include "trace_schema.h"
 
 namespace cupool::shim {
+
+// The runtime's device pointers are void*, the driver's CUdeviceptr, handles are pointers or
+// integers: all of them as the 64-bit values the pools, ProcessMemory and the trace key by, and back.
+template <typename Ptr>
+std::uint64_t address(Ptr p) {
+  if constexpr (std::is_pointer_v<Ptr>) return reinterpret_cast<std::uintptr_t>(p);
+  else return static_cast<std::uint64_t>(p);
+}
+template <typename Ptr>
+Ptr pointer(std::uint64_t a) {
+  if constexpr (std::is_pointer_v<Ptr>) return reinterpret_cast<Ptr>(static_cast<std::uintptr_t>(a));
+  else return static_cast<Ptr>(a);
+}
 
 template <typename F>
 struct WithPath;
