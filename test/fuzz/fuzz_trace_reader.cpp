@@ -44,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     cupool::TraceReader reader(in, "fuzz.jsonl");
     const cupool::Header& h = reader.header();
-    FUZZ_CHECK(h.major >= 1 && h.major <= 2);
+    FUZZ_CHECK(h.major >= 1 && h.major <= cupool::trace::kFormatMajor);
     FUZZ_CHECK(utf8(h.cupool_version) && utf8(h.host));
     for (const auto& arg : h.cmdline) FUZZ_CHECK(utf8(arg));
     FUZZ_CHECK(h.config.is_object());
