@@ -617,15 +617,22 @@ std::string format_size_spec(const SizeSpec& spec) {
   return spec.is_percent() ? fmt::format("{}%", spec.percent) : format_size(spec.bytes);
 }
 
-std::string limit_text(const LimitSpec& l) {
+std::string format_limit_spec(const LimitSpec& l) {
   std::string out;
   if (l.all) out = format_size_spec(*l.all);
   for (const auto& [d, s] : l.per_device) {
     if (!out.empty()) out += ',';
     out += fmt::format("{}:{}", d, format_size_spec(s));
   }
+  return out;
+}
+
+namespace {
+std::string limit_text(const LimitSpec& l) {
+  const std::string out = format_limit_spec(l);
   return out.empty() ? std::string("none") : out;
 }
+}  // namespace
 
 std::string describe(const Config& c) {
   const std::string limit = limit_text(c.limit);

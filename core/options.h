@@ -104,6 +104,8 @@ extern const std::string_view kDurationAccepted;
 std::string format_size(std::uint64_t bytes);
 // "50%" or "8GiB".
 std::string format_size_spec(const SizeSpec& spec);
+// "8GiB,1:50%" (CUPOOL_LIMIT's syntax); "" for no limit at all.
+std::string format_limit_spec(const LimitSpec& limit);
 // Appends `s` as a JSON string literal (quotes included), escaping what JSON requires;
 // bytes that are not valid UTF-8 become U+FFFD so the output is always valid JSON.
 void append_json_string(std::string& out, std::string_view s);

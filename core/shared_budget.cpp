@@ -39,16 +39,6 @@ void futex_wake_all(std::atomic<std::uint32_t>* word) {
 
 std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) { return a > UINT64_MAX - b ? UINT64_MAX : a + b; }
 
-std::string limit_text_of(const LimitSpec& limit) {
-  std::string out;
-  if (limit.all) out += format_size_spec(*limit.all);
-  for (const auto& [device, spec] : limit.per_device) {
-    if (!out.empty()) out += ',';
-    out += std::to_string(device) + ":" + format_size_spec(spec);
-  }
-  return out;
-}
-
 std::string own_command() {
   std::ifstream f("/proc/self/comm");
   std::string c;
@@ -156,7 +146,7 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
   b->seg_ = static_cast<Segment*>(p);
   b->my_pid_ = getpid();
   Segment& s = *b->seg_;
-  const std::string text = limit_text_of(limit);
+  const std::string text = format_limit_spec(limit);
   if (created) {
     s.magic = kMagic;
     s.layout = kLayoutVersion;
