@@ -199,6 +199,33 @@ void ProcessMemory::remember_outside(std::uint64_t key, std::uint64_t bytes, Con
   outside_[key] = Outside{bytes, owner};
 }
 
+OutsideAnswer ProcessMemory::admit_outside(ContextMemory& c, std::uint64_t bytes, const char* api) {
+  // Free mappings the cache keeps are charged: past the cap, they go back first (before the
+  // charge, whose refusal is an oom event of its own).
+  if (vmm_free_bytes(&c) > 0 && !c.pool->has_room(bytes)) vmm_evict(&c);
+  if (!c.pool->try_charge_external(bytes)) {
+    warn_oom(c, api, bytes, OomClass::limit);
+    return OutsideAnswer::refused_by_cap;
+  }
+  if (share_ && !share_->admit(c.device, device_total(c), bytes, cfg_.share_wait_ns)) {
+    c.pool->uncharge_external(bytes);
+    share_->note_oom();
+    warn_oom(c, api, bytes, OomClass::share);
+    return OutsideAnswer::refused_by_share;
+  }
+  return OutsideAnswer::ok;
+}
+
+void ProcessMemory::unadmit_outside(ContextMemory& c, std::uint64_t bytes) {
+  c.pool->uncharge_external(bytes);
+  if (share_) share_->release(c.device, bytes);
+}
+
+void ProcessMemory::charge_outside(ContextMemory& c, std::uint64_t bytes) {
+  c.pool->charge_external(bytes);
+  if (share_) share_->add(c.device, bytes);
+}
+
 bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, ContextMemory** owner) {
   Outside o{};
   {
@@ -208,8 +235,7 @@ bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, Cont
     o = it->second;
     outside_.erase(it);
   }
-  if (o.owner) o.owner->pool->uncharge_external(o.bytes);
-  if (o.owner && share_) share_->release(o.owner->device, o.bytes);
+  if (o.owner) unadmit_outside(*o.owner, o.bytes);
   if (bytes) *bytes = o.bytes;
   if (owner) *owner = o.owner;
   return true;

@@ -96,8 +96,14 @@ class ProcessMemory {
   // A pointer or handle the driver has freed: if it was counted, it is uncharged. Returns its bytes
   // and owner (false: not known).
   bool forget_outside(std::uint64_t key, std::uint64_t* bytes = nullptr, ContextMemory** owner = nullptr);
-  // Memory the driver handed out where no admission could come first (graph memory): counted.
-  void charge_outside(ContextMemory& c, std::uint64_t bytes) { c.pool->charge_external(bytes); }
+  // Memory the driver takes on its own during a call, outside any allocation (graph memory):
+  // the most it could take is admitted first, against the cap and the shared budget as
+  // allocate_outside does (ok, refused_by_cap or refused_by_share), and unadmitted after the
+  // call; what the driver then reports is charged, without admission, and uncharged.
+  OutsideAnswer admit_outside(ContextMemory& c, std::uint64_t bytes, const char* api);
+  void unadmit_outside(ContextMemory& c, std::uint64_t bytes);
+  void charge_outside(ContextMemory& c, std::uint64_t bytes);
+  void uncharge_outside(ContextMemory& c, std::uint64_t bytes) { unadmit_outside(c, bytes); }
 
   // ---- memory info: total is the cap, free what the process could still get. False when the
   // process is not governed (pure passthrough with no cap): the driver's answer stands.
@@ -174,28 +180,15 @@ class ProcessMemory {
 
 template <typename Call>
 OutsideAnswer ProcessMemory::allocate_outside(ContextMemory* c, std::uint64_t bytes, const char* api, Call&& call) {
-  // Free mappings the cache keeps are charged: past the cap, they go back first (before the
-  // charge, whose refusal is an oom event of its own).
-  if (c && vmm_free_bytes(c) > 0 && !c->pool->has_room(bytes)) vmm_evict(c);
-  if (c && !c->pool->try_charge_external(bytes)) {
-    warn_oom(*c, api, bytes, OomClass::limit);
-    return OutsideAnswer::refused_by_cap;
-  }
-  if (c && share_ && !share_->admit(c->device, device_total(*c), bytes, cfg_.share_wait_ns)) {
-    c->pool->uncharge_external(bytes);
-    share_->note_oom();
-    warn_oom(*c, api, bytes, OomClass::share);
-    return OutsideAnswer::refused_by_share;
+  if (c) {
+    const OutsideAnswer admitted = admit_outside(*c, bytes, api);
+    if (admitted != OutsideAnswer::ok) return admitted;
   }
   std::uint64_t key = 0;
   OutsideAnswer answer = call(&key);
   if (answer == OutsideAnswer::out_of_memory && vmm_evict(c) > 0) answer = call(&key);  // the same, with room
-  if (answer == OutsideAnswer::ok) {
-    remember_outside(key, bytes, c);
-  } else if (c) {
-    c->pool->uncharge_external(bytes);
-    if (share_) share_->release(c->device, bytes);
-  }
+  if (answer == OutsideAnswer::ok) remember_outside(key, bytes, c);
+  else if (c) unadmit_outside(*c, bytes);
   return answer;
 }
 

@@ -328,6 +328,12 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   return ok;
 }
 
+void SharedBudget::add(int device, std::uint64_t bytes) {
+  Slot* mine = my_slot();
+  if (mine == nullptr || device < 0 || device >= kMaxDevices || bytes == 0) return;
+  mine->held[device].fetch_add(bytes, std::memory_order_seq_cst);
+}
+
 void SharedBudget::release(int device, std::uint64_t bytes) {
   Slot* mine = mine_.load(std::memory_order_acquire);
   if (mine == nullptr || device < 0 || device >= kMaxDevices || bytes == 0) return;

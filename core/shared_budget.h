@@ -85,6 +85,9 @@ class SharedBudget {
   // One attempt, no reclaim, no wait (the protocol's step; the tests drive it).
   bool try_admit(int device, std::uint64_t budget, std::uint64_t bytes);
   void release(int device, std::uint64_t bytes);
+  // Counts `bytes` the driver already handed out where no admission could come first (graph
+  // memory the driver grew on its own): held, even past the budget, so that others see it.
+  void add(int device, std::uint64_t bytes);
   // What the budget still allows on `device`; nothing when it has no budget there.
   std::optional<std::uint64_t> room(int device, std::uint64_t device_total) const;
   std::uint64_t held_total(int device) const;  // every member's claims

@@ -3,8 +3,9 @@
 // when a graph is instantiated, uploaded or launched, and keeps until cuDeviceGraphMemTrim. No
 // cuMemAlloc is involved, so cupool asks the driver what it reserves
 // (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT) after each of those calls and charges the change
-// against the cap; before them, it admits the most the call could add: the graph's allocation
-// nodes beyond what the pool has reserved and unused. docs/design.md, "Graph memory".
+// against the cap and the shared budget; before them, it admits the most the call could add: the
+// graph's allocation nodes beyond what the pool has reserved and unused. docs/design.md, "Graph
+// memory".
 #include <mutex>
 #include <unordered_map>
 #include <vector>
@@ -102,13 +103,13 @@ class GraphMemory {
     std::lock_guard lock(mu_);
     Account& a = accounts_[cp->device];
     if (a.pool && a.pool != cp) {  // the charge follows the context that touched it last
-      a.pool->pool->uncharge_external(a.charged);
+      process_memory().uncharge_outside(*a.pool, a.charged);
       a.charged = 0;
     }
     a.pool = cp;
     if (reserved == a.charged) return;
-    if (reserved > a.charged) cp->pool->charge_external(reserved - a.charged);
-    else cp->pool->uncharge_external(a.charged - reserved);
+    if (reserved > a.charged) process_memory().charge_outside(*cp, reserved - a.charged);
+    else process_memory().uncharge_outside(*cp, a.charged - reserved);
     a.charged = reserved;
     if (tracing()) {
       trace::Record r;
@@ -122,6 +123,15 @@ class GraphMemory {
       r.device = static_cast<std::int16_t>(cp->device);
       emit(r);
     }
+  }
+
+  void dropped(ContextPool& cp) {
+    if (cp.device < 0 || cp.device >= kMaxDevices) return;
+    std::lock_guard lock(mu_);
+    Account& a = accounts_[cp.device];
+    if (a.pool != &cp) return;
+    process_memory().uncharge_outside(cp, a.charged);
+    a = Account{};
   }
 
  private:
@@ -163,22 +173,22 @@ CUresult with_graph_memory(Path path, const char* api, std::uint64_t bytes, Call
   std::uint64_t admitted = 0;
   if (cp) {
     admitted = GraphMemory::could_add(cp->device, bytes);
-    if (admitted && !cp->pool->try_charge_external(admitted)) {
-      log_warn(std::string("out of memory on device ") + std::to_string(cp->device) + ": " + api +
-               " would reserve up to " + human_bytes(admitted) + " of graph memory past the cap");
+    if (admitted && process_memory().admit_outside(*cp, admitted, api) != OutsideAnswer::ok) {
       graph_memory().settle(cp, api, path, CUDA_ERROR_OUT_OF_MEMORY);
       return CUDA_ERROR_OUT_OF_MEMORY;
     }
   }
   const CUresult rc = call();
   if (cp) {
-    cp->pool->uncharge_external(admitted);
+    if (admitted) process_memory().unadmit_outside(*cp, admitted);
     graph_memory().settle(cp, api, path, rc);
   }
   return rc;
 }
 
 }  // namespace
+
+void drop_graph_memory(ContextPool& cp) { graph_memory().dropped(cp); }
 
 namespace impl {
 

@@ -243,6 +243,7 @@ namespace {
 std::function<void(ContextPool&)> dropping(const char* api) {
   return [api](ContextPool& cp) {
     driver_upstream(cp).detach();
+    drop_graph_memory(cp);
     if (tracing()) {
       trace::Record r;
       r.t_ns = now_ns();

@@ -58,5 +58,8 @@ void drop_context(CUcontext ctx, const char* api);
 // Waits for all work of every context that has a pool (once, when streams first overlap).
 void synchronize_all_pools();
 void drop_primary_context(int device, const char* api);
+// The context's graph memory went with it: its charge against the cap and the shared budget
+// goes too (shim/hooks_graphs.cpp).
+void drop_graph_memory(ContextPool& cp);
 
 }  // namespace cupool::shim

@@ -4,7 +4,7 @@
 `share` in its trace, its memory info within what the budget leaves); a member that waits
 (CUPOOL_SHARE_WAIT) gets the memory another member freed and holds idle in its pool, which that
 member's give-back thread returns; and the bytes of a member killed by SIGKILL are reclaimed by
-the next member that needs them. No timing is asserted: waits are bounded generously."""
+the next member that needs them; graph memory counts against the budget. No timing is asserted: waits are bounded generously."""
 import argparse
 import glob
 import json
@@ -119,7 +119,24 @@ def main():
                 fail("heir: 900 MiB refused although the member holding 800 MiB was killed")
             heir.quit()
 
-            # 4. A different limit for the same budget is a configuration error at start.
+            # 4. Graph memory the driver reserves for a member counts against the budget, and a
+            # trim gives it back.
+            grapher = Member(a.program, env("grapher"), "grapher")
+            if grapher.ask("graph 600") != ["0"]:
+                fail("grapher: a graph with a 600 MiB memory node refused in an empty budget")
+            other = Member(a.program, env("other"), "other")
+            if other.ask("alloc 600") != ["2"]:
+                fail("other: 600 MiB granted while another member's graph memory holds 600 MiB of 1 GiB")
+            if other.ask("graph 600") != ["2"]:
+                fail("other: a 600 MiB graph admitted while another member's graph memory holds 600 MiB of 1 GiB")
+            if grapher.ask("trim") != ["0"]:
+                fail("grapher: trim failed")
+            if other.ask("alloc 600") != ["0"]:
+                fail("other: 600 MiB refused after the graph memory holding the budget was trimmed")
+            other.quit()
+            grapher.quit()
+
+            # 5. A different limit for the same budget is a configuration error at start.
             p = subprocess.run([a.program], env=env("wrong", CUPOOL_SHARE_LIMIT="2GiB"), input="quit\n",
                                capture_output=True, text=True, timeout=60)
             if p.returncode != 78 or "differs from the budget's own" not in p.stderr:
@@ -130,7 +147,8 @@ def main():
             except FileNotFoundError:
                 pass
     print("ok: one budget across processes: refused with class share, memory info within it, idle memory "
-          "given back to a waiting member, a killed member's bytes reclaimed, a different limit refused")
+          "given back to a waiting member, a killed member's bytes reclaimed, graph memory counted, a different "
+          "limit refused")
 
 
 if __name__ == "__main__":

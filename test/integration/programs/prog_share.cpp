@@ -3,6 +3,9 @@
 //   alloc MIB   cudaMalloc that many MiB; prints "alloc <rc>"
 //   free        cudaFree everything allocated; prints "free 0"
 //   info        prints "info <free bytes> <total bytes>" (cudaMemGetInfo)
+//   graph MIB   captures a graph with a memory node of that many MiB, instantiates and launches
+//               it (the driver reserves graph memory until a trim); prints "graph <rc>"
+//   trim        destroys the graph and trims the device's graph memory; prints "trim <rc>"
 //   quit        exits 0
 #include <cuda_runtime_api.h>
 
@@ -10,6 +13,31 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+namespace {
+void nothing(void*) {}
+
+cudaGraphExec_t g_exec = nullptr;
+
+cudaError_t launch_graph(size_t bytes) {
+    cudaStream_t s = nullptr;
+    cudaError_t rc = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (rc != cudaSuccess) return rc;
+    cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+    void* p = nullptr;
+    cudaMallocAsync(&p, bytes, s);
+    cudaLaunchHostFunc(s, nothing, nullptr);
+    cudaFreeAsync(p, s);
+    cudaGraph_t graph = nullptr;
+    rc = cudaStreamEndCapture(s, &graph);
+    if (rc == cudaSuccess) rc = cudaGraphInstantiate(&g_exec, graph, 0);
+    if (rc == cudaSuccess) rc = cudaGraphLaunch(g_exec, s);
+    if (rc == cudaSuccess) rc = cudaStreamSynchronize(s);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+    return rc;
+}
+}  // namespace
 
 int main() {
     std::vector<void*> held;
@@ -34,6 +62,14 @@ int main() {
             size_t f = 0, t = 0;
             const cudaError_t rc = cudaMemGetInfo(&f, &t);
             std::printf("info %zu %zu %d\n", f, t, static_cast<int>(rc));
+        } else if (cmd.rfind("graph ", 0) == 0) {
+            const cudaError_t rc = launch_graph(std::strtoull(cmd.c_str() + 6, nullptr, 10) << 20);
+            if (rc != cudaSuccess) (void)cudaGetLastError();
+            std::printf("graph %d\n", static_cast<int>(rc));
+        } else if (cmd.rfind("trim", 0) == 0) {
+            if (g_exec) cudaGraphExecDestroy(g_exec);
+            g_exec = nullptr;
+            std::printf("trim %d\n", static_cast<int>(cudaDeviceGraphMemTrim(0)));
         } else if (cmd.rfind("quit", 0) == 0) {
             break;
         }
