@@ -894,122 +894,117 @@ TEST_CASE("share: a process's start time is read past a command name with spaces
   CHECK(child.wait() == 128 + SIGKILL);
 }
 
-// ---- 3. Many processes at once, two of them killed -----------------------------------------------
+// ---- 3. Many processes at once, each with many threads, two of them killed --------------------
 //
-// Eight children join one budget and loop: admit a random size on one of two devices (up to three
-// claims outstanding), or release the oldest. Each child counts what it has admitted and not yet
-// released, in memory shared with the parent: it adds a claim after admit() said yes and takes it
-// off before release(), so the counts are always within what the budget has admitted. Two checks:
-//   - every child also adds its claim to one word per device and checks the sum it gets back
+// Sixteen children of eight threads each join one budget. Every thread (a "worker") loops: admit
+// a random size on one of two devices (up to three claims outstanding), or release its oldest.
+// Each worker counts what it has admitted and not yet released, in memory shared with the parent:
+// it adds a claim after admit() said yes and takes it off before release(), so the counts are
+// always within what the budget has admitted. Two checks:
+//   - every worker also adds its claim to one word per device and checks the sum it gets back
 //     (one atomic word: an exact snapshot of everything admitted at that instant);
-//   - the parent sums the children's counts, a consistent snapshot at a time (each child's count
+//   - the parent sums the workers' counts, a consistent snapshot at a time (each worker's count
 //     is under a sequence lock: the parent keeps a sum only if no count changed while it read).
-// Two children are killed holding bytes:
-//   - the first while every other child is parked between steps: the parent then checks that the
-//     slots hold exactly what the children say they hold, reclaims the dead one's bytes (exactly
+// A child's threads share its slot: once they are done (or all holding), the slot holds exactly
+// the sum of their counts. Two children are killed while every thread of theirs holds bytes:
+//   - the first while every other worker is parked between steps: the parent then checks that the
+//     slots hold exactly what the workers say they hold, reclaims the dead one's bytes (exactly
 //     those) and lets the others go on;
 //   - the second while the others run: their refusals reclaim it (reclaim_dead racing with
 //     admissions and with each other), or the parent does once everyone is done.
 namespace {
 namespace stress {
 
-constexpr int kChildren = 8, kIterations = 2000, kDevices = 2;
+constexpr int kChildren = 16, kThreads = 8, kWorkers = kChildren * kThreads, kIterations = 400, kDevices = 2;
 constexpr std::size_t kMaxOutstanding = 3;
 constexpr std::uint64_t kTotal = 4 * kMiB;                       // each device's memory
 constexpr std::uint64_t kBudget[kDevices] = {1 * kMiB, 2 * kMiB};  // 1 MiB; 50% of 4 MiB
-constexpr int kFirstVictim = 2, kSecondVictim = 5;
-constexpr int kFirstStop = 600, kSecondStop = 1200;  // the iteration at which each stops, holding
+constexpr int kFirstVictim = 2, kSecondVictim = 11;
+constexpr int kFirstStop = 120, kSecondStop = 240;  // the iteration at which each victim's threads stop, holding
 
 enum : int { kRunning, kParked, kHolding, kFinished };
 
 struct Board {
   std::atomic<int> go{0}, pause{0}, first_victim_done{0};
-  std::atomic<int> state[kChildren];
-  std::atomic<std::uint64_t> version[kChildren];             // odd while the child changes its counts
-  std::atomic<std::uint64_t> admitted[kChildren][kDevices];  // admitted and not released
-  std::atomic<std::uint64_t> total[kDevices];                // the same, every child
+  std::atomic<int> state[kWorkers];
+  std::atomic<int> child_holding[kChildren];                 // every thread of the child holds, checked
+  std::atomic<std::uint64_t> version[kWorkers];              // odd while the worker changes its counts
+  std::atomic<std::uint64_t> admitted[kWorkers][kDevices];   // admitted and not released
+  std::atomic<std::uint64_t> total[kDevices];                // the same, every worker
   std::atomic<std::uint64_t> worst[kDevices];                // the largest total seen
   std::atomic<std::uint64_t> over_budget{0};                 // totals past the budget
   std::atomic<std::uint64_t> held_mismatch{0};               // held_mine() other than the child's own count
-  std::atomic<std::uint64_t> admissions[kChildren], refusals[kChildren];
+  std::atomic<std::uint64_t> admissions[kWorkers], refusals[kWorkers];
   std::atomic<int> join_failed{0};
 };
 
-void change_count(Board& board, int me, int device, std::uint64_t add, std::uint64_t sub) {
-  board.version[me].fetch_add(1);
-  if (add) board.admitted[me][device].fetch_add(add);
-  if (sub) board.admitted[me][device].fetch_sub(sub);
-  board.version[me].fetch_add(1);
+void change_count(Board& board, int w, int device, std::uint64_t add, std::uint64_t sub) {
+  board.version[w].fetch_add(1);
+  if (add) board.admitted[w][device].fetch_add(add);
+  if (sub) board.admitted[w][device].fetch_sub(sub);
+  board.version[w].fetch_add(1);
 }
 
-int run_child(int me, const std::string& name, const LimitSpec& limit, Board& board) {
-  std::string error;
-  auto b = SharedBudget::join(name, limit, false, &error);
-  if (!b) {
-    board.join_failed.fetch_add(1);
-    return 2;
-  }
-  while (board.go.load() == 0) usleep(100);
-  std::mt19937_64 rng(0x5eed'0000u + static_cast<unsigned>(me));
+std::uint64_t child_count(const Board& board, int child, int device) {
+  std::uint64_t sum = 0;
+  for (int t = 0; t < kThreads; ++t) sum += board.admitted[child * kThreads + t][device].load();
+  return sum;
+}
+
+// One thread of child `child`: worker w.
+void run_worker(int child, int w, SharedBudget& b, Board& board) {
+  std::mt19937_64 rng(0x5eed'0000u + static_cast<unsigned>(w));
   struct Claim {
     int device;
     std::uint64_t bytes;
   };
   std::vector<Claim> out;
-  std::uint64_t mine[kDevices] = {};
-  const int stop = me == kFirstVictim ? kFirstStop : me == kSecondVictim ? kSecondStop : -1;
+  const int stop = child == kFirstVictim ? kFirstStop : child == kSecondVictim ? kSecondStop : -1;
 
   auto park = [&] {
     if (board.pause.load() == 0) return;
-    board.state[me].store(kParked);
+    board.state[w].store(kParked);
     while (board.pause.load() != 0) usleep(100);
-    board.state[me].store(kRunning);
+    board.state[w].store(kRunning);
   };
   auto admit = [&](int d, std::uint64_t bytes) {
-    if (!b->admit(d, kTotal, bytes, 0)) {
-      board.refusals[me].fetch_add(1);
+    if (!b.admit(d, kTotal, bytes, 0)) {
+      board.refusals[w].fetch_add(1);
       return;
     }
-    board.admissions[me].fetch_add(1);
+    board.admissions[w].fetch_add(1);
     const std::uint64_t now = board.total[d].fetch_add(bytes) + bytes;
     if (now > kBudget[d]) board.over_budget.fetch_add(1);
     std::uint64_t worst = board.worst[d].load();
     while (now > worst && !board.worst[d].compare_exchange_weak(worst, now)) {
     }
-    change_count(board, me, d, bytes, 0);
-    mine[d] += bytes;
+    change_count(board, w, d, bytes, 0);
     out.push_back({d, bytes});
   };
   auto release_oldest = [&] {
     const Claim c = out.front();
     out.erase(out.begin());
-    change_count(board, me, c.device, 0, c.bytes);
+    change_count(board, w, c.device, 0, c.bytes);
     board.total[c.device].fetch_sub(c.bytes);
-    mine[c.device] -= c.bytes;
-    b->release(c.device, c.bytes);
-  };
-  auto check_mine = [&] {
-    for (int d = 0; d < kDevices; ++d)
-      if (b->held_mine(d) != mine[d]) board.held_mismatch.fetch_add(1);
+    b.release(c.device, c.bytes);
   };
 
   for (int i = 0; i < kIterations; ++i) {
     park();
     if (i == stop) {
-      // A victim: (the second waits for the first to be dealt with) hold something, say so, and
-      // wait to be killed.
-      while (me == kSecondVictim && board.first_victim_done.load() == 0) {
+      // A victim's thread: (the second victim's wait for the first to be dealt with) hold
+      // something, say so, and wait to be killed.
+      while (child == kSecondVictim && board.first_victim_done.load() == 0) {
         park();
         usleep(200);
       }
       while (out.empty()) {
         park();
         const int d = static_cast<int>(rng() % kDevices);
-        admit(d, 1 + rng() % (kBudget[d] / 8));
+        admit(d, 1 + rng() % (kBudget[d] / 16));
         if (out.empty()) usleep(100);
       }
-      check_mine();
-      board.state[me].store(kHolding);
+      board.state[w].store(kHolding);
       for (;;) pause();
     }
     if (!out.empty() && (out.size() == kMaxOutstanding || rng() % 3 == 0)) {
@@ -1018,26 +1013,53 @@ int run_child(int me, const std::string& name, const LimitSpec& limit, Board& bo
       const int d = static_cast<int>(rng() % kDevices);
       admit(d, 1 + rng() % (kBudget[d] / 2));
     }
-    check_mine();
   }
   while (!out.empty()) release_oldest();
+  board.state[w].store(kFinished);
+}
+
+int run_child(int child, const std::string& name, const LimitSpec& limit, Board& board) {
+  std::string error;
+  auto b = SharedBudget::join(name, limit, false, &error);
+  if (!b) {
+    board.join_failed.fetch_add(1);
+    return 2;
+  }
+  while (board.go.load() == 0) usleep(100);
+  auto check_mine = [&] {
+    for (int d = 0; d < kDevices; ++d)
+      if (b->held_mine(d) != child_count(board, child, d)) board.held_mismatch.fetch_add(1);
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] { run_worker(child, child * kThreads + t, *b, board); });
+  if (child == kFirstVictim || child == kSecondVictim) {
+    // Killed once every thread holds: the slot then holds exactly what they count.
+    for (bool all = false; !all; usleep(200)) {
+      all = true;
+      for (int t = 0; t < kThreads; ++t) all = all && board.state[child * kThreads + t].load() == kHolding;
+    }
+    check_mine();
+    board.child_holding[child].store(1);
+    for (;;) pause();
+  }
+  for (std::thread& t : threads) t.join();
   check_mine();
-  board.state[me].store(kFinished);
   return 0;
 }
 
-// The children's counts, summed at one instant; false if some count changed while they were read.
+// The workers' counts, summed at one instant; false if some count changed while they were read.
 bool snapshot(const Board& board, std::uint64_t sums[kDevices]) {
-  std::uint64_t before[kChildren], counts[kChildren][kDevices];
-  for (int i = 0; i < kChildren; ++i)
+  static std::uint64_t before[kWorkers], counts[kWorkers][kDevices];  // the parent's thread only
+  for (int i = 0; i < kWorkers; ++i)
     if ((before[i] = board.version[i].load()) & 1) return false;
-  for (int i = 0; i < kChildren; ++i)
+  for (int i = 0; i < kWorkers; ++i)
     for (int d = 0; d < kDevices; ++d) counts[i][d] = board.admitted[i][d].load();
-  for (int i = 0; i < kChildren; ++i)
+  for (int i = 0; i < kWorkers; ++i)
     if (board.version[i].load() != before[i]) return false;
   for (int d = 0; d < kDevices; ++d) {
     sums[d] = 0;
-    for (int i = 0; i < kChildren; ++i) sums[d] += counts[i][d];
+    for (int i = 0; i < kWorkers; ++i) sums[d] += counts[i][d];
   }
   return true;
 }
@@ -1045,7 +1067,7 @@ bool snapshot(const Board& board, std::uint64_t sums[kDevices]) {
 }  // namespace stress
 }  // namespace
 
-TEST_CASE("share: eight processes admitting at once never pass the budget; killed ones are reclaimed",
+TEST_CASE("share: sixteen processes of eight threads admitting at once never pass the budget; killed ones are reclaimed",
           "[share][fork][stress]") {
   using namespace stress;
   const std::string name = unique_name("stress");
@@ -1073,7 +1095,9 @@ TEST_CASE("share: eight processes admitting at once never pass the budget; kille
       if (sums[d] > kBudget[d]) ++snapshot_over;
     }
   };
-  auto still_running = [&](int i) { return board->state[i].load() == kRunning && children[i]->running(); };
+  auto still_running = [&](int w) {
+    return board->state[w].load() == kRunning && children[w / kThreads]->running();
+  };
   auto wait_for = [&](auto done) {
     const std::uint64_t give_up = now_ns() + 300'000'000'000ull;  // a guard against a hang
     while (!done()) {
@@ -1081,31 +1105,37 @@ TEST_CASE("share: eight processes admitting at once never pass the budget; kille
       usleep(200);
     }
   };
+  auto counted = [&](int d) {
+    std::uint64_t sum = 0;
+    for (int w = 0; w < kWorkers; ++w) sum += board->admitted[w][d].load();
+    return sum;
+  };
   // A victim's counts leave the sums before it dies: from its death on, its bytes may be
   // reclaimed and admitted again.
   auto forget = [&](int v, std::uint64_t (&per_device)[kDevices]) {
     for (int d = 0; d < kDevices; ++d) {
-      per_device[d] = board->admitted[v][d].load();
-      change_count(*board, v, d, 0, per_device[d]);
-      board->total[d].fetch_sub(per_device[d]);
+      per_device[d] = 0;
+      for (int t = 0; t < kThreads; ++t) {
+        const int w = v * kThreads + t;
+        const std::uint64_t held = board->admitted[w][d].load();
+        per_device[d] += held;
+        change_count(*board, w, d, 0, held);
+        board->total[d].fetch_sub(held);
+      }
     }
   };
 
   for (;;) {
     take_snapshot();
-    if (!first_killed && board->state[kFirstVictim].load() == kHolding) {
-      // Everyone else parked between steps (or done): the slots hold exactly the children's counts.
+    if (!first_killed && board->child_holding[kFirstVictim].load() == 1) {
+      // Every other worker parked between steps (or done): the slots hold exactly the counts.
       board->pause.store(1);
       wait_for([&] {
-        for (int i = 0; i < kChildren; ++i)
-          if (still_running(i)) return false;
+        for (int w = 0; w < kWorkers; ++w)
+          if (still_running(w)) return false;
         return true;
       });
-      for (int d = 0; d < kDevices; ++d) {
-        std::uint64_t counted = 0;
-        for (int i = 0; i < kChildren; ++i) counted += board->admitted[i][d].load();
-        CHECK(parent->held_total(d) == counted);
-      }
+      for (int d = 0; d < kDevices; ++d) CHECK(parent->held_total(d) == counted(d));
       forget(kFirstVictim, first_victim_bytes);
       children[kFirstVictim]->kill9();
       CHECK(children[kFirstVictim]->wait() == 128 + SIGKILL);
@@ -1113,16 +1143,12 @@ TEST_CASE("share: eight processes admitting at once never pass the budget; kille
       // The parent, a member that holds nothing, reclaims exactly the dead one's bytes.
       CHECK(parent->reclaim_dead() == first_victim_bytes[0] + first_victim_bytes[1]);
       CHECK(member_of(parent->members(), children[kFirstVictim]->pid()) == nullptr);
-      for (int d = 0; d < kDevices; ++d) {
-        std::uint64_t counted = 0;
-        for (int i = 0; i < kChildren; ++i) counted += board->admitted[i][d].load();
-        CHECK(parent->held_total(d) == counted);
-      }
+      for (int d = 0; d < kDevices; ++d) CHECK(parent->held_total(d) == counted(d));
       first_killed = true;
       board->first_victim_done.store(1);
       board->pause.store(0);
     }
-    if (!second_killed && board->state[kSecondVictim].load() == kHolding) {
+    if (!second_killed && board->child_holding[kSecondVictim].load() == 1) {
       forget(kSecondVictim, second_victim_bytes);
       children[kSecondVictim]->kill9();
       CHECK(children[kSecondVictim]->wait() == 128 + SIGKILL);
@@ -1137,18 +1163,20 @@ TEST_CASE("share: eight processes admitting at once never pass the budget; kille
   take_snapshot();
 
   CHECK(board->join_failed.load() == 0);
+  std::uint64_t admissions = 0, refusals = 0;
   for (int i = 0; i < kChildren; ++i) {
     INFO("child " << i);
     CHECK(children[i]->wait() == (i == kFirstVictim || i == kSecondVictim ? 128 + SIGKILL : 0));
-    CHECK(board->admissions[i].load() > 0);
+    std::uint64_t child_admissions = 0;
+    for (int t = 0; t < kThreads; ++t) child_admissions += board->admissions[i * kThreads + t].load();
+    CHECK(child_admissions > 0);
+  }
+  for (int w = 0; w < kWorkers; ++w) {
+    admissions += board->admissions[w].load();
+    refusals += board->refusals[w].load();
   }
   CHECK(first_killed);
   CHECK(second_killed);
-  std::uint64_t admissions = 0, refusals = 0;
-  for (int i = 0; i < kChildren; ++i) {
-    admissions += board->admissions[i].load();
-    refusals += board->refusals[i].load();
-  }
   INFO(admissions << " admissions, " << refusals << " refusals, " << snapshots << " snapshots; worst "
                   << board->worst[0].load() << " / " << kBudget[0] << " and " << board->worst[1].load() << " / "
                   << kBudget[1]);
