@@ -309,7 +309,7 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   seg_->waiters.fetch_add(1);
   seg_->wanted_seq.fetch_add(1);
   futex_wake_all(&seg_->wanted_seq);
-  const std::uint64_t deadline = now_ns() + wait_ns;
+  const std::uint64_t started = now_ns(), deadline = started + wait_ns;
   bool ok = false;
   for (;;) {
     const std::uint32_t seen = seg_->released_seq.load();
@@ -325,6 +325,8 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   }
   seg_->waiters.fetch_sub(1);
   mine->waiting[device].fetch_sub(bytes);
+  waits_.fetch_add(1, std::memory_order_relaxed);
+  waited_ns_.fetch_add(now_ns() - started, std::memory_order_relaxed);
   return ok;
 }
 

@@ -100,6 +100,10 @@ class SharedBudget {
   // The member's own figures, for `cupool top`.
   void publish(int device, std::uint64_t in_use, std::uint64_t reserved);
   void note_oom();
+  // This process's waits for room (those that ended admitted or refused) and their total time:
+  // what its trace's footer reports.
+  std::uint64_t waits() const { return waits_.load(std::memory_order_relaxed); }
+  std::uint64_t waited_ns() const { return waited_ns_.load(std::memory_order_relaxed); }
 
   // Give-back: `give_back` runs on a thread of this process whenever another member starts
   // waiting for room (it should return wholly free memory to the driver, which releases it).
@@ -143,6 +147,7 @@ class SharedBudget {
   std::function<void()> give_back_fn_;  // kept across fork: a child starts its own thread at its first claim
   void start_give_back();
   std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> waits_{0}, waited_ns_{0};
 };
 
 }  // namespace cupool

@@ -60,7 +60,11 @@ void at_exit() {
   g_exiting.store(true, std::memory_order_release);
   // Chunks are not given back: the driver may already be shutting down, and exit frees them.
   if (g_memory) g_memory->for_each([](ContextPool& cp) { driver_upstream(cp).detach(); });
-  if (TraceWriter* w = g_writer.exchange(nullptr)) w->close();  // footer; the object stays
+  if (TraceWriter* w = g_writer.exchange(nullptr)) {  // footer; the object stays
+    std::optional<TraceWriter::ShareWaits> waits;
+    if (SharedBudget* share = g_memory ? g_memory->share() : nullptr) waits = {share->waits(), share->waited_ns()};
+    w->close(waits);
+  }
 }
 
 void fork_prepare() {

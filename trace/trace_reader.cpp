@@ -837,6 +837,8 @@ void TraceReader::parse_other(const nlohmann::json& j, std::string_view type) {
       footer.frees = f.u64(fk::frees);
       footer.ooms = f.u64(fk::ooms);
       footer.end_mono_ns = f.u64(fk::end_mono_ns);
+      if (j.contains(fk::share_waits)) footer.share_waits = f.u64(fk::share_waits);
+      if (j.contains(fk::share_wait_ns)) footer.share_wait_ns = f.u64(fk::share_wait_ns);
       const auto& devices = f.need(fk::devices);
       if (!devices.is_array()) throw std::invalid_argument("footer field \"devices\": expected an array");
       for (const auto& d : devices) {

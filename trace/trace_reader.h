@@ -70,6 +70,8 @@ struct Footer {
   std::uint64_t ooms = 0;     // alloc events with rc != 0
   std::uint64_t end_mono_ns = 0;
   std::vector<DeviceInfo> devices;
+  // A member of a shared budget: its waits for room and their total time (format 3.1).
+  std::optional<std::uint64_t> share_waits, share_wait_ns;
 };
 
 // `s` with every byte that does not begin a well-formed UTF-8 sequence replaced by U+FFFD: the

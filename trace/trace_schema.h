@@ -21,8 +21,10 @@ namespace cupool::trace {
 //      that replay can run the mapping cache.
 // 3.0: the `oom` class `share` (the shared budget had no room), and the configuration's `share`,
 //      `share_limit`, `share_wait_ns`, `share_access`.
+// 3.1: the footer of a member of a shared budget says how often and how long it waited for room
+//      (`share_waits`, `share_wait_ns`).
 inline constexpr int kFormatMajor = 3;
-inline constexpr int kFormatMinor = 0;
+inline constexpr int kFormatMinor = 1;
 inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
 inline constexpr int kLastMinorOfMajor1 = 1;  // 1.1: the last 1.x
 inline constexpr int kLastMinorOfMajor2 = 2;  // 2.2: the last 2.x
@@ -217,7 +219,7 @@ inline constexpr std::string_view header = "header";
 inline constexpr std::string_view event = "event";
 inline constexpr std::string_view device = "device";  // keys: t, index, name, total_bytes
 inline constexpr std::string_view drop = "drop";      // keys: t, tid, count
-inline constexpr std::string_view footer = "footer";  // keys: events, dropped, allocs, frees, ooms, end_mono_ns, devices
+inline constexpr std::string_view footer = "footer";  // keys: events, dropped, allocs, frees, ooms, end_mono_ns, devices (, share_waits, share_wait_ns)
 }  // namespace line
 namespace header_key {
 inline constexpr const char* format = "format";  // kFormatName
@@ -248,6 +250,8 @@ inline constexpr const char* frees = "frees";
 inline constexpr const char* ooms = "ooms";
 inline constexpr const char* end_mono_ns = "end_mono_ns";
 inline constexpr const char* devices = "devices";
+inline constexpr const char* share_waits = "share_waits";      // only with a shared budget
+inline constexpr const char* share_wait_ns = "share_wait_ns";  // only with a shared budget
 }  // namespace footer_key
 
 }  // namespace cupool::trace

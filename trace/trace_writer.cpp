@@ -310,7 +310,7 @@ bool TraceWriter::open_file_locked(std::string* error) {
   return true;
 }
 
-void TraceWriter::close() {
+void TraceWriter::close(const std::optional<ShareWaits>& share_waits) {
   if (closed_.exchange(true, std::memory_order_acq_rel)) return;
   stop_.store(true, std::memory_order_release);
   wake_writer();
@@ -333,7 +333,10 @@ void TraceWriter::close() {
       if (i) f += ',';
       f += device_object(devices_[i].index, devices_[i].name, devices_[i].total_bytes);
     }
-    f += "]}\n";
+    f += ']';
+    if (share_waits)
+      f += fmt::format(R"(,"{}":{},"{}":{})", fk::share_waits, share_waits->waits, fk::share_wait_ns, share_waits->wait_ns);
+    f += "}\n";
     write_all_locked(f.data(), f.size());
     ::close(fd_);
     fd_ = -1;

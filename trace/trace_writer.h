@@ -14,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -55,7 +56,11 @@ class TraceWriter final : public PoolObserver {
 
   // Drains, writes the footer, stops the writer thread and closes the file. Idempotent. Events
   // recorded by other threads while close() runs may be lost; after it, record() does nothing.
-  void close();
+  // `share_waits`: a member of a shared budget's waits for room (count, total ns), for the footer.
+  struct ShareWaits {
+    std::uint64_t waits = 0, wait_ns = 0;
+  };
+  void close(const std::optional<ShareWaits>& share_waits = std::nullopt);
 
   // pthread_atfork handlers. The child gets a file of its own: the path with "%p" expanded for
   // the child's pid, or, without "%p", the parent's path + "." + pid. It is created (with a new

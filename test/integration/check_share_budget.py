@@ -59,6 +59,16 @@ def trace_ooms(pattern):
     return ooms
 
 
+def footers(pattern):
+    out = []
+    for f in glob.glob(pattern):
+        for line in open(f):
+            r = json.loads(line)
+            if r.get("type") == "footer":
+                out.append(r)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shim", required=True)
@@ -107,6 +117,12 @@ def main():
                 fail("waiter: 900 MiB refused although the only other member held its memory idle")
             waiter.quit()
             holder.quit()
+            waits = footers(os.path.join(tmp, "waiter.*.jsonl"))
+            if len(waits) != 1 or waits[0].get("share_waits", 0) < 1 or waits[0].get("share_wait_ns", 0) <= 0:
+                fail(f"waiter's footer: {waits}, expected a wait for room with its time")
+            held = footers(os.path.join(tmp, "holder.*.jsonl"))
+            if len(held) != 1 or held[0].get("share_waits") != 0 or held[0].get("share_wait_ns") != 0:
+                fail(f"holder's footer: {held}, expected no wait")
 
             # 3. A member killed while it holds memory: its bytes come back to the next member.
             victim = Member(a.program, env("victim"), "victim")

@@ -316,6 +316,22 @@ TEST_CASE("the header, device lines and footer round-trip: what the writer knew,
   CHECK(f.ooms == ooms);
   CHECK(f.end_mono_ns >= h.start_mono_ns);
   CHECK(same(f.devices, want));
+  CHECK_FALSE(f.share_waits);  // not a member of a shared budget
+  CHECK_FALSE(f.share_wait_ns);
+}
+
+TEST_CASE("the footer of a shared budget's member says how often and how long it waited", "[trace]") {
+  TempDir dir;
+  Config config = trace_config(dir.path + "/t.jsonl");
+  config.share = "train";
+  auto w = open_writer(config);
+  w->record(make_record(0, 0));
+  w->close(TraceWriter::ShareWaits{3, 1'234'567'890'123ull});
+  std::unique_ptr<TraceReader> reader;
+  read_all(w->path(), &reader);
+  REQUIRE(reader->footer());
+  CHECK(reader->footer()->share_waits == 3u);
+  CHECK(reader->footer()->share_wait_ns == 1'234'567'890'123ull);
 }
 
 TEST_CASE("the recorded configuration decodes to the configuration that was encoded", "[trace]") {
