@@ -20,7 +20,7 @@ if [[ $id == *-dirty && $allow_dirty == 0 ]]; then
 fi
 build=build-release carry=.carry
 [[ -f $build/build.ninja ]] || meson setup "$build" -Dcudatoolkit_dir="${CUDA_DIR:-/usr/local/cuda}" --buildtype=release >/dev/null
-ninja -C "$build" shim/libcupool.so tools/cupool >/dev/null
+ninja -C "$build" shim/libcupool.so tools/cupool test/bench_share_startup >/dev/null
 mkdir -p "$carry/bin" "$carry/workloads"
 JOBS=${JOBS:-2} test/gpu/compat/build.sh "$carry/compat" >/dev/null
 arch=-arch=sm_90
@@ -29,6 +29,7 @@ nvcc -O2 $arch -o "$carry/bin/workload_static" -x cu examples/workload.cpp
 nvcc -O2 $arch -cudart shared -o "$carry/bin/inflight" test/gpu/inflight.cu
 nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_alloc" test/gpu/bench_alloc.cu
 nvcc -O2 $arch -cudart shared -o "$carry/bin/prog_share" -x cu test/integration/programs/prog_share.cpp
+cp "$build/test/bench_share_startup" "$carry/bin/"
 cp ../shared/workloads/*.py "$carry/workloads/"
 # The same identity for the library and the programs: what every results file names.
 { echo "commit=$id"; echo "built=$(date -u +%FT%TZ)"; echo "compiler=$(c++ --version | head -1)";

@@ -9,7 +9,8 @@ the run without cupool, a trace that saw nothing) is a failed check, not a row.
   run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
 Groups: compat (frameworks under passthrough), inflight, bench, rounds, steps, quarantine, vmm,
 xlasync, policies, replay (each framework trace replayed under its recorded configuration), share
-(the shared-budget check of the simulated CUDA, test/integration/check_share_budget.py, on the GPU).
+(the shared-budget check of the simulated CUDA, test/integration/check_share_budget.py, on the GPU),
+sharing (trainings sharing one budget against fixed shares and caps, and a member's start-up cost).
 """
 import json
 import os
@@ -473,6 +474,21 @@ if wanted("share"):
                  "stderr": p.stderr[-3000:]})
     check("share-budget: admission across processes, class share, memory info, give-back, a killed member "
           "reclaimed, on the GPU", p.returncode == 0, (p.stdout + p.stderr).strip()[-600:])
+
+# ---- Issue 14: several jobs, one budget ---------------------------------------------------------
+# PyTorch trainings started together under fixed preallocated shares, per-process caps and one
+# shared budget (examples/share/run_sharing.py writes sharing.json), and what joining a budget
+# costs a new member with 1, 16 and 64 members (test/perf/bench_share_startup.cpp).
+if wanted("sharing"):
+    r = run("share-startup-cost", [os.path.join(BIN, "bench_share_startup"), "1,16,64", "200"], timeout=300)
+    lines = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
+    check("share-startup-cost: a new member joined and was admitted with 1, 16 and 64 members",
+          r["rc"] == 0 and [l["members"] for l in lines] == [1, 16, 64],
+          "; ".join(f'{l["members"]} members: median {l["total_us"]["median"]} us' for l in lines))
+    p = subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "share", "run_sharing.py"), BUILD, WORKLOADS,
+                        OUT], timeout=1500)
+    check("sharing: every job and way of sharing ran as claimed", p.returncode == 0,
+          f"run_sharing.py exited {p.returncode}")
 
 check_transformer_losses()
 
