@@ -14,7 +14,9 @@ namespace cupool {
 // any of its own code runs.
 inline constexpr int kConfigErrorExitCode = 78;
 
-enum class PolicyKind : std::uint8_t { growth, preallocate, passthrough };
+// vmm: one virtual range per device, physical memory mapped in granules as blocks need it
+// (docs/design.md, "The vmm policy"). Last, so that the other values keep their numbers.
+enum class PolicyKind : std::uint8_t { growth, preallocate, passthrough, vmm };
 enum class FreeMode : std::uint8_t { sync, deferred };
 
 // A size given either in bytes or as a share of the device's total memory.
@@ -51,7 +53,7 @@ struct Config {
   std::uint64_t growth_chunk_max = 512ull << 20;     // ...up to this
   std::optional<std::uint64_t> release_idle_ns;      // no value: never give chunks back while running
   bool thread_cache = true;                          // per-thread caches in front of each pool
-  bool vmm_cache = true;                             // recycle whole VMM mappings (growth, preallocate)
+  bool vmm_cache = true;                             // recycle whole VMM mappings (every pooling policy)
   std::string trace_path;                            // empty: no trace; "%p" becomes the pid
   std::uint64_t trace_flush_ns = 100'000'000;        // the writer flushes at least this often
   std::uint32_t trace_buffer_events = 16384;         // per-thread buffer, in events

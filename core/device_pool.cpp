@@ -50,11 +50,33 @@ DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolOb
   step_ = std::max<std::uint64_t>(round_up(std::max<std::uint64_t>(cfg_.growth_chunk, 1), kChunkGranularity),
                                   kChunkGranularity);
   deferred_ = cfg_.free_mode == FreeMode::deferred;
+  vmm_ = cfg_.policy == PolicyKind::vmm && up_.vmm_granularity() > 0;
 }
 
 DevicePool::~DevicePool() {
   thread_caches::remove_owner(id_);
   if (abandoned_) return;
+  if (vmm_) {
+    if (vmm_size_ == 0) return;
+    for (const Granules::Run& r : granules_.begin_unmap(~std::uint64_t{0}, ~std::uint64_t{0})) up_.unmap(r.va, r.bytes);
+    // Granules that blocks still hold (the program did not free them) are mapped too.
+    std::uint64_t run_va = 0, run_bytes = 0;
+    for (std::uint64_t va = vmm_base_; va < vmm_base_ + vmm_size_; va += granules_.granule()) {
+      if (granules_.mapped(va) && run_va + run_bytes == va && run_bytes > 0) {
+        run_bytes += granules_.granule();
+        continue;
+      }
+      if (run_bytes > 0) up_.unmap(run_va, run_bytes);
+      run_bytes = 0;
+      if (granules_.mapped(va)) {
+        run_va = va;
+        run_bytes = granules_.granule();
+      }
+    }
+    if (run_bytes > 0) up_.unmap(run_va, run_bytes);
+    up_.free_address(vmm_base_, vmm_size_);
+    return;
+  }
   sub_.for_each_chunk([&](std::uint32_t id, std::uint64_t, std::size_t) {
     up_.release(reservations_[id].base, reservations_[id].size);
   });
@@ -111,7 +133,7 @@ AllocResult DevicePool::allocate(std::size_t size, PoolStats* state) {
   }
   if (deferred_ && sub_.held() > kQuarantineFloor) bound_quarantine(lk);
   AllocResult r;
-  if (std::uint64_t p = sub_.allocate(size))
+  if (std::uint64_t p = take(bytes))
     r.ptr = p;
   else
     r = allocate_slow(lk, size);
@@ -159,7 +181,7 @@ bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
 // Waits for quarantined blocks, oldest fence first, trying the allocation after each fence.
 std::uint64_t DevicePool::wait_for_quarantine(Lock& lk, std::uint64_t bytes) {
   for (;;) {
-    if (std::uint64_t p = sub_.allocate(bytes)) return p;
+    if (std::uint64_t p = take(bytes)) return p;
     if (!wait_oldest_fence(lk, true)) return 0;
   }
 }
@@ -175,7 +197,7 @@ std::uint64_t DevicePool::wait_for_quarantine(Lock& lk, std::uint64_t bytes) {
 // - an interval old, the host has issued work since, so the device still has some queued.
 // Under preallocate the bound is an eighth of the whole region: memory held there costs nothing.
 void DevicePool::bound_quarantine(Lock& lk) {
-  const std::uint64_t bound = std::max<std::uint64_t>(kQuarantineFloor, sub_.reserved() / 8);
+  const std::uint64_t bound = std::max<std::uint64_t>(kQuarantineFloor, reserved_locked() / 8);
   if (sub_.held() <= bound) return;
   retire_ready();
   while (sub_.held() > bound && wait_oldest_fence(lk, false, true)) {
@@ -196,17 +218,17 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
   if (!quarantine_.empty()) {
     seal_pending();
     retire_ready();
-    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
+    if (std::uint64_t p = take(bytes)) return {p};
   }
   // Blocks in threads' caches are free memory to the program: take them back before growing.
   if (reclaim_caches_locked() > 0) {
     retire_ready();
-    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
+    if (std::uint64_t p = take(bytes)) return {p};
   }
   if (cfg_.policy == PolicyKind::preallocate && !prealloc_done_) {
     Grow g = preallocate(lk, bytes);
     if (g.ptr) return {g.ptr};
-    if (std::uint64_t p = sub_.allocate(bytes)) return {p};  // another thread's preallocation
+    if (std::uint64_t p = take(bytes)) return {p};  // another thread's preallocation
     if (g.fail != OomClass::none) last = g;
   }
   // Memory in quarantine is the program's own and free again once the device catches up.
@@ -219,23 +241,23 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
   // Another thread's reservation in flight counts against the cap until it lands, and its chunk
   // may well serve this request: wait for it rather than grow beside it or refuse.
   while (wait_for_growth(lk))
-    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
+    if (std::uint64_t p = take(bytes)) return {p};
   if (may_grow()) {
     Grow g = grow(lk, bytes);
     if (g.ptr) return {g.ptr};
     last = g;
   }
   if (std::uint64_t p = wait_for_quarantine(lk, bytes)) return {p};
-  if (may_grow() && release_free_chunks(lk, false, kNever) > 0) {
-    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
+  if (may_grow() && give_back_free(lk, false) > 0) {
+    if (std::uint64_t p = take(bytes)) return {p};
     Grow g = grow(lk, bytes);
     if (g.ptr) return {g.ptr};
     last = g;
   }
-  if (std::uint64_t p = sub_.allocate(bytes)) return {p};  // another thread freed meanwhile
+  if (std::uint64_t p = take(bytes)) return {p};  // another thread freed meanwhile
   // Before refusing: bytes another thread is giving back or taking still count against the cap.
   if (wait_for_transit(lk)) {
-    if (std::uint64_t p = sub_.allocate(bytes)) return {p};
+    if (std::uint64_t p = take(bytes)) return {p};
     if (may_grow()) {
       Grow g = grow(lk, bytes);
       if (g.ptr) return {g.ptr};
@@ -244,7 +266,7 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
   }
 
   AllocResult r{0, last.fail, last.driver_code};
-  if (sub_.free_bytes() >= bytes) r = {0, OomClass::fragmentation, 0};
+  if (free_locked() >= bytes) r = {0, OomClass::fragmentation, 0};
   if (r.oom == OomClass::none) r.oom = OomClass::limit;
   emit(PoolEvent::Kind::oom, size, 0, now(), 0, r.oom, r.driver_code);
   return r;
@@ -254,6 +276,7 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
 // growth_chunk_max; never more than the cap leaves, and if the driver refuses a chunk larger
 // than needed, ask once more for just what is needed.
 DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
+  if (vmm_) return map_block(lk, bytes);
   const std::uint64_t left = headroom();
   std::uint64_t need = round_up(bytes, kChunkGranularity);
   if (need > left && bytes <= round_down(left, Suballocator::kAlignment))
@@ -362,6 +385,200 @@ DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, 
   return {sub_.allocate(bytes), OomClass::none, 0};
 }
 
+// ---- the vmm policy ---------------------------------------------------------------------------------
+
+std::uint64_t DevicePool::take(std::uint64_t bytes) {
+  const std::uint64_t p = sub_.allocate(bytes);
+  if (!vmm_ || p == 0) return p;
+  if (granules_.ready(p, bytes)) {
+    granules_.touch(p, bytes);
+    return p;
+  }
+  sub_.free(p);  // it needs memory mapped: the miss path's map_block
+  return 0;
+}
+
+std::uint64_t DevicePool::give_back_free(Lock& lk, bool include_prealloc) {
+  return vmm_ ? unmap_idle(lk, ~std::uint64_t{0}, true) : release_free_chunks(lk, include_prealloc, kNever);
+}
+
+// The virtual range, reserved at the first allocation: the cap times kRangeOverCap (memory never
+// passes the cap; the spare addresses keep blocks contiguous however the range fragments).
+bool DevicePool::vmm_setup(Lock& lk, Grow* fail) {
+  if (vmm_size_ != 0) return true;
+  if (vmm_busy_) {
+    transit_cv_.wait(lk, [&] { return !vmm_busy_ || abandoned_; });
+    return vmm_size_ != 0;
+  }
+  const std::uint64_t g = up_.vmm_granularity();
+  const std::uint64_t size = round_up(std::max<std::uint64_t>(cap_, g) * kRangeOverCap, g);
+  vmm_busy_ = true;
+  lk.unlock();
+  std::uint64_t va = 0;
+  const UpstreamStatus st = up_.reserve_address(size, &va);
+  lk.lock();
+  vmm_busy_ = false;
+  transit_cv_.notify_all();
+  const std::uint32_t id = st == UpstreamStatus::ok && !abandoned_ ? sub_.add_chunk(va, size) : Suballocator::kNoChunk;
+  if (id == Suballocator::kNoChunk) {
+    if (st == UpstreamStatus::ok) up_.free_address(va, size);
+    *fail = {0, OomClass::device, 0};
+    return false;
+  }
+  vmm_base_ = va;
+  vmm_size_ = size;
+  granules_.reset(va, size, g);
+  if (reservations_.size() <= id) {
+    reservations_.resize(id + 1);
+    idle_since_.resize(id + 1, 0);
+  }
+  reservations_[id] = Reservation{va, size};
+  publish_ranges_locked();
+  return true;
+}
+
+// What growth is to the vmm policy: a block of the virtual range, with memory mapped behind its
+// granules that have none. Its granules are touched first, so that no other thread unmaps them
+// while the lock is dropped around the driver calls; mapped bytes count in transit meanwhile.
+DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
+  Grow fail{};
+  if (!vmm_setup(lk, &fail)) return fail;
+  for (;;) {
+    if (abandoned_) return {0, OomClass::device, 0};
+    const std::uint64_t p = sub_.allocate(bytes);
+    if (p == 0) return {0, OomClass::fragmentation, 0};  // no contiguous addresses left in the range
+    if (granules_.busy(p, bytes)) {  // another thread maps or unmaps some of them: wait for it
+      sub_.free(p);
+      transit_cv_.wait(lk, [&] { return abandoned_ || !granules_.busy(p, bytes); });
+      continue;
+    }
+    granules_.touch(p, bytes);
+    // Memory is never mapped past the most ever mapped while idle granules could make room: they
+    // go first, so that the peak of reserved follows the peak in use. Below that mark, idle
+    // granules stay: a loop whose use swings every step would otherwise unmap and map them again
+    // every step (docs/design.md, "The vmm policy").
+    const std::uint64_t after = granules_.mapped_bytes() + transit_ + granules_.missing_bytes(p, bytes);
+    if (after > mapped_high_ && granules_.idle_bytes() > 0) {
+      unmap_idle(lk, after - mapped_high_, false);
+      if (abandoned_) return {0, OomClass::device, 0};
+    }
+    std::uint64_t need = 0;
+    const std::vector<Granules::Run> runs = granules_.begin_map(p, bytes, &need);
+    auto undo = [&] {
+      granules_.untouch(p, bytes, 0);
+      sub_.free(p);
+    };
+    if (need > headroom()) {
+      for (const Granules::Run& r : runs) granules_.end_map(r, false);
+      undo();
+      return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
+    }
+    transit_ += need;
+    ++growing_;
+    lk.unlock();
+    struct Done {
+      std::uint64_t t0, dur;
+    };
+    std::vector<Done> done;  // the runs mapped, in order; the first failure stops the rest
+    done.reserve(runs.size());
+    UpstreamStatus st = UpstreamStatus::ok;
+    int code = 0;
+    for (const Granules::Run& r : runs) {
+      const std::uint64_t t0 = now();
+      st = up_.map(r.va, r.bytes, &code);
+      if (st != UpstreamStatus::ok) break;
+      done.push_back({t0, now() - t0});
+    }
+    lk.lock();
+    transit_ -= need;
+    --growing_;
+    transit_cv_.notify_all();
+    if (abandoned_) return {0, OomClass::device, 0};  // the context went, and its memory with it
+    for (std::size_t i = 0; i < runs.size(); ++i) granules_.end_map(runs[i], i < done.size());
+    mapped_high_ = std::max(mapped_high_, granules_.mapped_bytes() + transit_);
+    for (std::size_t i = 0; i < done.size(); ++i) emit(PoolEvent::Kind::grow, runs[i].bytes, runs[i].va, done[i].t0, done[i].dur);
+    if (st != UpstreamStatus::ok) {
+      undo();  // what was mapped stays, idle
+      return {0, st == UpstreamStatus::share_exhausted ? OomClass::share : OomClass::device, code};
+    }
+    // A granule at its edge that another thread was mapping: wait for the outcome.
+    transit_cv_.wait(lk, [&] { return abandoned_ || !granules_.busy(p, bytes); });
+    if (abandoned_) return {0, OomClass::device, 0};
+    if (granules_.ready(p, bytes)) return {p, OomClass::none, 0};
+    undo();  // that thread's map failed: try again
+  }
+}
+
+// Deferred frees in one order of work leave idle granules that the device may still be using: a
+// fence placed after them makes them safe to unmap once it retires. Placed and polled from frees,
+// at most once per sealing interval (as the quarantine seals: a fence costs a call per stream),
+// so that idle granules are mostly safe by the time a map would unmap them.
+void DevicePool::cover_idle() {
+  if (!granules_.unsafe_idle(safe_seq_) || up_.capturing()) return;
+  const std::uint64_t t = now();
+  if (t < unmap_fence_due_) return;
+  unmap_fence_due_ = t + Quarantine::kSealIntervalNs;
+  if (unmap_fence_ != 0) {
+    if (!up_.fence_retired(unmap_fence_)) return;
+    safe_seq_ = std::max(safe_seq_, unmap_fence_seq_);
+    unmap_fence_ = 0;
+    if (!granules_.unsafe_idle(safe_seq_)) return;
+  }
+  unmap_fence_ = up_.place_fence();
+  unmap_fence_seq_ = free_seq_++;
+}
+
+// Unmaps up to `bytes` of idle granules, highest first. Granules freed without a wait (deferred
+// frees while all work is in one order) may still be read by the device, and an unmap does not
+// wait for it as cudaFree does: they go only once a fence placed after their free has retired.
+// That fence is polled; `may_wait` (on the way to a refusal, or giving memory back) waits for it.
+std::uint64_t DevicePool::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait) {
+  // An unmap is not a call to make during a capture (as cuMemFree is not): granules stay until it ends.
+  if (!vmm_ || abandoned_ || up_.capturing() || granules_.idle_bytes() == 0) return 0;
+  if (unmap_fence_ != 0 && up_.fence_retired(unmap_fence_)) {
+    safe_seq_ = std::max(safe_seq_, unmap_fence_seq_);
+    unmap_fence_ = 0;
+  }
+  if (granules_.unsafe_idle(safe_seq_)) {
+    if (unmap_fence_ == 0) {
+      unmap_fence_ = up_.place_fence();
+      unmap_fence_seq_ = free_seq_++;
+    }
+    if (may_wait) {
+      const FenceId fence = unmap_fence_;
+      const std::uint64_t covers = unmap_fence_seq_;
+      lk.unlock();
+      up_.wait_fence(fence);
+      lk.lock();
+      if (abandoned_) return 0;
+      safe_seq_ = std::max(safe_seq_, covers);
+      if (unmap_fence_ == fence) unmap_fence_ = 0;
+    }
+  }
+  const std::vector<Granules::Run> runs = granules_.begin_unmap(bytes, safe_seq_);
+  if (runs.empty()) return 0;
+  std::uint64_t total = 0;
+  for (const Granules::Run& r : runs) total += r.bytes;
+  transit_ += total;  // still counts against the cap until the driver has it back
+  lk.unlock();
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> times;
+  times.reserve(runs.size());
+  for (const Granules::Run& r : runs) {
+    const std::uint64_t t0 = now();
+    up_.unmap(r.va, r.bytes);
+    times.emplace_back(t0, now() - t0);
+  }
+  lk.lock();
+  transit_ -= total;
+  transit_cv_.notify_all();
+  if (abandoned_) return total;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    granules_.end_unmap(runs[i]);
+    emit(PoolEvent::Kind::release, runs[i].bytes, runs[i].va, times[i].first, times[i].second);
+  }
+  return total;
+}
+
 // Waits until a reservation that another thread has in flight lands (the lock is dropped
 // meanwhile). False when none was in flight. Reservations do not wait for each other, so this
 // cannot deadlock; it never waits on device work.
@@ -383,7 +600,8 @@ bool DevicePool::wait_for_transit(Lock& lk) {
 // preallocated chunk only when asked. The lock is dropped around the upstream calls.
 std::size_t DevicePool::release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before) {
   // cuMemFree is a call a capture may forbid the calling thread: chunks stay until it has ended.
-  if (up_.capturing()) return 0;
+  // The vmm policy's range is never given back while the pool lives (its granules are).
+  if (up_.capturing() || vmm_) return 0;
   std::vector<Reservation> gone;
   std::vector<std::uint64_t> bases;
   sub_.for_each_free_chunk([&](std::uint32_t id, std::uint64_t base, std::size_t) {
@@ -485,9 +703,9 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, PoolStat
   Suballocator::FreeInfo info;
   auto st = sub_.free(ptr, &info);
   freed_size = info.size;
-  if (st == Suballocator::FreeStatus::freed && cfg_.release_idle_ns) {
-    note_free(info);
-    check_idle(lk);
+  if (st == Suballocator::FreeStatus::freed) {
+    note_free(ptr, info, false);
+    if (cfg_.release_idle_ns) check_idle(lk);
   }
   return finish(st);
 }
@@ -599,7 +817,7 @@ void DevicePool::give_back_locked(std::uint64_t ptr) {
     return;
   }
   Suballocator::FreeInfo info;
-  if (sub_.free(ptr, &info) == Suballocator::FreeStatus::freed) note_free(info);
+  if (sub_.free(ptr, &info) == Suballocator::FreeStatus::freed) note_free(ptr, info, false);
 }
 
 // The cache's thread exited: its bins go back, its live blocks stay live (another thread may
@@ -620,8 +838,15 @@ void DevicePool::publish_ranges_locked() {
   range_lists_.push_back(std::move(list));
 }
 
-void DevicePool::note_free(const Suballocator::FreeInfo& info) {
-  if (!info.chunk_now_free || !cfg_.release_idle_ns) return;
+// Under vmm, the block's granules lose a user; those left idle may be unmapped once no device
+// work can still use them: at once after a sync free's wait or a fence (`fenced`), else after a
+// fence placed later (unmap_idle).
+void DevicePool::note_free(std::uint64_t ptr, const Suballocator::FreeInfo& info, bool fenced) {
+  if (vmm_) {
+    granules_.untouch(ptr, info.size, fenced || !deferred_ ? 0 : free_seq_);
+    if (!fenced && deferred_) cover_idle();
+  }
+  if (!info.chunk_now_free || !cfg_.release_idle_ns || vmm_) return;
   std::uint64_t t = now();
   idle_since_[info.chunk] = t;
   next_idle_check_ = std::min(next_idle_check_, t + *cfg_.release_idle_ns);
@@ -663,7 +888,7 @@ void DevicePool::release_batch(const Quarantine::Batch& b) {
   const std::uint64_t t0 = now();
   for (std::uint64_t p : b.blocks) {
     Suballocator::FreeInfo info;
-    if (sub_.release_held(p, &info)) note_free(info);
+    if (sub_.release_held(p, &info)) note_free(p, info, true);
   }
   emit(PoolEvent::Kind::fence_retired, b.bytes, 0, t0, now() - t0);
 }
@@ -709,10 +934,12 @@ bool DevicePool::in_a_cache_locked(std::uint64_t ptr) const {
 
 PoolStats DevicePool::state_locked() const {
   PoolStats s;
-  s.reserved = sub_.reserved();
+  s.reserved = reserved_locked();
   s.cached = thread_cached_locked();
   s.in_use = sub_.in_use() - s.cached;  // cached blocks are free to the program
-  s.largest_free = sub_.largest_free();
+  // Under vmm, a free block is virtual: what could be handed out without the driver is at most
+  // the free bytes mapped.
+  s.largest_free = vmm_ ? std::min(sub_.largest_free(), free_locked()) : sub_.largest_free();
   s.quarantined = sub_.held();
   s.free_blocks = sub_.free_blocks();
   s.pool = id_;
@@ -748,7 +975,7 @@ void DevicePool::mem_info(std::size_t* free, std::size_t* total) {
   up_.device_memory(&dev_total, &dev_free);  // outside the lock: the real query is a driver call
   Lock lk(mu_);
   std::uint64_t t = has_limit_ ? cap_ : dev_total;
-  std::uint64_t f = std::min<std::uint64_t>(headroom(), dev_free) + sub_.free_bytes() + thread_cached_locked();
+  std::uint64_t f = std::min<std::uint64_t>(headroom(), dev_free) + free_locked() + thread_cached_locked();
   if (free) *free = std::min(f, t);
   if (total) *total = t;
 }
@@ -776,7 +1003,7 @@ bool DevicePool::try_charge_external(std::size_t bytes) {
       retire_ready();
       while (!quarantine_.empty() && wait_oldest_fence(lk, true)) {
       }
-      release_free_chunks(lk, false, kNever);
+      give_back_free(lk, false);
       continue;
     }
     if (!wait_for_transit(lk)) break;
@@ -806,7 +1033,7 @@ void DevicePool::trim() {
   reclaim_caches_locked();
   seal_pending();
   retire_ready();
-  release_free_chunks(lk, true, kNever);
+  give_back_free(lk, true);
 }
 
 void DevicePool::after_fork_in_child() {
@@ -832,6 +1059,9 @@ void DevicePool::abandon() {
   reservations_.clear();
   idle_since_.clear();
   quarantine_.clear();
+  granules_.clear();
+  vmm_base_ = vmm_size_ = 0;
+  unmap_fence_ = 0;
   external_ = 0;
   prealloc_chunk_ = Suballocator::kNoChunk;
   next_idle_check_ = kNever;
@@ -852,6 +1082,7 @@ void DevicePool::emit(PoolEvent::Kind kind, std::uint64_t size, std::uint64_t pt
   e.device = device_;
   e.driver_code = code;
   e.oom = oom;
+  e.granules = vmm_ && (kind == PoolEvent::Kind::grow || kind == PoolEvent::Kind::release);
   e.has_stats = true;
   e.stats = state_locked();
   observer_->pool_event(e);

@@ -5,6 +5,7 @@
 // here; docs/design.md ("The pool") explains the rules.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>  // condition_variable_any
 #include <cstddef>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "config.h"
+#include "granules.h"
 #include "pool_events.h"
 #include "quarantine.h"
 #include "spin_lock.h"
@@ -87,6 +89,10 @@ class DevicePool final : public ThreadCacheOwner {
   void set_recorded_thread(const std::uint32_t* tid) { recorded_thread_ = tid; }
   std::uint64_t cap() const { return cap_; }
   std::uint64_t external() const;
+  // The vmm policy is in force: blocks lie in one virtual range backed by granules mapped on
+  // demand (false under vmm when the upstream has no virtual memory: the pool then grows in
+  // chunks). Such blocks cannot be shared over CUDA IPC.
+  bool virtual_memory() const { return vmm_; }
 
   // Blocks in threads' caches (cfg.thread_cache): freed by the program, kept for its thread.
   std::uint64_t thread_cached() const;
@@ -97,6 +103,8 @@ class DevicePool final : public ThreadCacheOwner {
   // Deferred free: an allocation waits for the oldest fences while the quarantine holds more than
   // an eighth of the reserved bytes, and at least this much.
   static constexpr std::uint64_t kQuarantineFloor = 256ull << 20;
+  // The virtual range is this many times the cap: blocks need contiguous addresses, memory does not.
+  static constexpr std::uint64_t kRangeOverCap = 2;
 
  private:
   struct Reservation {  // what the upstream gave, by suballocator chunk id
@@ -133,7 +141,14 @@ class DevicePool final : public ThreadCacheOwner {
   };
 
   std::uint64_t now() const { return clock_(clock_ctx_); }
-  std::uint64_t charged() const { return sub_.reserved() + transit_ + external_; }
+  std::uint64_t charged() const { return reserved_locked() + transit_ + external_; }
+  // What the pool holds from the device: its chunks, or (vmm) its mapped granules.
+  std::uint64_t reserved_locked() const { return vmm_ ? granules_.mapped_bytes() : sub_.reserved(); }
+  // Bytes the pool holds that no live or quarantined block uses (thread caches aside).
+  std::uint64_t free_locked() const {
+    const std::uint64_t taken = sub_.in_use() + sub_.held();
+    return vmm_ ? (granules_.mapped_bytes() > taken ? granules_.mapped_bytes() - taken : 0) : sub_.free_bytes();
+  }
   std::uint64_t headroom() const { return cap_ > charged() ? cap_ - charged() : 0; }
   bool may_grow() const;
   PoolStats state_locked() const;
@@ -165,7 +180,18 @@ class DevicePool final : public ThreadCacheOwner {
   Grow preallocate(Lock& lk, std::size_t bytes);
   Grow add_reserved(std::uint64_t base, std::size_t size, std::size_t bytes, bool is_prealloc);
   std::size_t release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before);
-  void note_free(const Suballocator::FreeInfo& info);
+  std::uint64_t give_back_free(Lock& lk, bool include_prealloc);  // chunks, or (vmm) idle granules
+  // A block of `bytes` from the suballocator, or 0. Under vmm only one whose granules are all
+  // mapped (the others need map_block).
+  std::uint64_t take(std::uint64_t bytes);
+  // A block the suballocator freed (or released from quarantine: `fenced`).
+  void note_free(std::uint64_t ptr, const Suballocator::FreeInfo& info, bool fenced);
+  // vmm policy.
+  bool vmm_setup(Lock& lk, Grow* fail);
+  Grow map_block(Lock& lk, std::size_t bytes);
+  std::uint64_t unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait);
+  void cover_idle();
+
   void check_idle(Lock& lk);
   void seal_pending(bool from_free = false);
   void retire_through(std::uint64_t seq);
@@ -208,6 +234,18 @@ class DevicePool final : public ThreadCacheOwner {
   // deferred free
   bool deferred_ = false;
   Quarantine quarantine_;  // under mu_
+
+  // vmm policy: the virtual range (one suballocator chunk) and its granules
+  bool vmm_ = false;
+  bool vmm_busy_ = false;              // the range is being reserved (outside the lock)
+  std::uint64_t vmm_base_ = 0, vmm_size_ = 0;
+  Granules granules_;
+  std::uint64_t mapped_high_ = 0;      // the most ever mapped (and in flight) at once
+  std::uint64_t free_seq_ = 1;         // advances past each fence placed for idle granules
+  std::uint64_t safe_seq_ = 0;         // idle granules freed at or before it may be unmapped
+  FenceId unmap_fence_ = 0;            // placed for idle granules, not yet seen retired...
+  std::uint64_t unmap_fence_seq_ = 0;  // ...covering frees up to this sequence number
+  std::uint64_t unmap_fence_due_ = 0;  // cover_idle places or polls it no sooner than this
 
   // thread caches
   const std::uint64_t id_;                          // unique for the process's lifetime

@@ -214,8 +214,11 @@ std::optional<std::string> parse_enum(std::string_view v, const std::array<std::
 // ---- one parser per variable -----------------------------------------------------------------
 
 std::optional<std::string> parse_policy(std::string_view v, Config& c) {
-  static constexpr std::array<std::pair<std::string_view, PolicyKind>, 3> kNames{
-      {{"growth", PolicyKind::growth}, {"preallocate", PolicyKind::preallocate}, {"passthrough", PolicyKind::passthrough}}};
+  static constexpr std::array<std::pair<std::string_view, PolicyKind>, 4> kNames{
+      {{"growth", PolicyKind::growth},
+       {"preallocate", PolicyKind::preallocate},
+       {"passthrough", PolicyKind::passthrough},
+       {"vmm", PolicyKind::vmm}}};
   return parse_enum(v, kNames, c.policy);
 }
 
@@ -446,7 +449,7 @@ void append_size_json(std::string& out, const SizeSpec& s) {
   else out += fmt::format("{{\"bytes\":{}}}", s.bytes);
 }
 
-constexpr std::string_view kPolicyNames[] = {"growth", "preallocate", "passthrough"};
+constexpr std::string_view kPolicyNames[] = {"growth", "preallocate", "passthrough", "vmm"};
 constexpr std::string_view kFreeNames[] = {"sync", "deferred"};
 
 }  // namespace
@@ -454,7 +457,7 @@ constexpr std::string_view kFreeNames[] = {"sync", "deferred"};
 std::string_view policy_name(PolicyKind p) { return kPolicyNames[static_cast<int>(p)]; }
 std::string_view free_mode_name(FreeMode m) { return kFreeNames[static_cast<int>(m)]; }
 std::optional<PolicyKind> policy_named(std::string_view name) {
-  for (int i = 0; i < 3; ++i)
+  for (std::size_t i = 0; i < std::size(kPolicyNames); ++i)
     if (kPolicyNames[i] == name) return static_cast<PolicyKind>(i);
   return std::nullopt;
 }
@@ -470,8 +473,8 @@ namespace {
 
 // clang-format off
 const std::array<OptionInfo, kOptionCount> kOptions = {{
-  {"CUPOOL_POLICY", "enum", "growth", "growth, preallocate, passthrough",
-   "How device memory is managed: a pool that grows in chunks, one up-front reservation, or no pool (trace only).",
+  {"CUPOOL_POLICY", "enum", "growth", "growth, preallocate, passthrough, vmm",
+   "How device memory is managed: a pool that grows in chunks, one up-front reservation, no pool (trace only), or one virtual range per device with memory mapped behind it in granules (the driver's mapping granularity) as blocks need it, wholly free granules unmapped rather than map past the most ever mapped, and when memory is short or asked back (reserved follows in use; its blocks cannot be shared over CUDA IPC).",
    parse_policy},
   {"CUPOOL_FREE", "enum", "deferred", "sync, deferred",
    "When freed memory may be reused: after a device synchronize at the free, as cudaFree does (the free waits for all device work), or once a fence placed after the free has retired (a free never waits; an allocation may wait for old fences when much is held).",
@@ -493,13 +496,13 @@ const std::array<OptionInfo, kOptionCount> kOptions = {{
    "The largest growth chunk; when unset and smaller than CUPOOL_GROWTH_CHUNK, it is raised to it.",
    parse_growth_chunk_max},
   {"CUPOOL_RELEASE", "duration", "never", "never, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
-   "Give a chunk back to the driver once it has been entirely free this long.",
+   "Give a chunk back to the driver once it has been entirely free this long (growth and preallocate; the vmm policy unmaps its granules by its own rule).",
    parse_release},
   {"CUPOOL_THREAD_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
    "Keep each thread's freed blocks for its next allocation of the same size, without the pool's lock (given back to the pool before it grows or refuses). Off while CUPOOL_RELEASE is set.",
    parse_thread_cache},
   {"CUPOOL_VMM_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
-   "Keep whole virtual-memory mappings (cuMemCreate + cuMemAddressReserve + cuMemMap) the program frees and hand them back when it asks for the same size again, with no driver call (growth and preallocate only).",
+   "Keep whole virtual-memory mappings (cuMemCreate + cuMemAddressReserve + cuMemMap) the program frees and hand them back when it asks for the same size again, with no driver call (every policy but passthrough).",
    parse_vmm_cache},
   {"CUPOOL_SHARE", "name", "unset (no shared budget)", "1 to 64 letters, digits, '-', '_' or '.'",
    "Draw device memory from a budget shared by every process on the node that names it (CUPOOL_SHARE_LIMIT); the process's own CUPOOL_LIMIT still holds.",

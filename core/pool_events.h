@@ -46,6 +46,9 @@ struct PoolEvent {
   int device = -1;
   int driver_code = 0;                 // oom: the driver's error code, when it refused
   OomClass oom = OomClass::none;
+  // grow/release of the vmm policy: granules mapped or unmapped at ptr (inside the pool's
+  // virtual range), not a chunk taken or given back.
+  bool granules = false;
   bool has_stats = false;
   PoolStats stats{};
 };

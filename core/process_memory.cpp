@@ -16,12 +16,22 @@ namespace {
 // A context's upstream with the shared budget in front: a chunk is admitted before the driver is
 // asked (and given back to the budget if the driver refuses), and given back after the driver
 // has it back. The budget's refusal is its own status: the pool's out-of-memory class `share`.
+// One allocation's dealings with the shared budget (ProcessMemory::allocate makes one per call,
+// on its thread): the pool may ask for a chunk several times (a large one, then just what is
+// needed, then again after giving back its own free chunks), and the allocation waits for others
+// at most CUPOOL_SHARE_WAIT in all, not that long at every ask.
+struct ShareAsk {
+  std::size_t size = 0;           // what the program asked for
+  std::uint64_t deadline_ns = 0;  // set at the first wait
+};
+thread_local ShareAsk* t_share_ask = nullptr;
+
 class BudgetedUpstream final : public Upstream {
  public:
-  BudgetedUpstream(Upstream& inner, SharedBudget& share, ContextMemory& c, std::uint64_t wait_ns)
-      : inner_(inner), share_(share), c_(c), wait_ns_(wait_ns) {}
+  BudgetedUpstream(Upstream& inner, SharedBudget& share, ContextMemory& c, std::uint64_t wait_ns, bool asks_smaller)
+      : inner_(inner), share_(share), c_(c), wait_ns_(wait_ns), asks_smaller_(asks_smaller) {}
   UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override {
-    if (!share_.admit(c_.device, total(), bytes, wait_ns_)) {
+    if (!admit(bytes)) {
       *driver_code = 0;
       return UpstreamStatus::share_exhausted;
     }
@@ -42,9 +52,48 @@ class BudgetedUpstream final : public Upstream {
   bool fence_retired(FenceId fence) override { return inner_.fence_retired(fence); }
   void wait_fence(FenceId fence) override { inner_.wait_fence(fence); }
   bool capturing() override { return inner_.capturing(); }
+  // The vmm policy's granules are admitted and given back as chunks are.
+  std::size_t vmm_granularity() override { return inner_.vmm_granularity(); }
+  UpstreamStatus reserve_address(std::size_t bytes, std::uint64_t* va) override {
+    return inner_.reserve_address(bytes, va);
+  }
+  void free_address(std::uint64_t va, std::size_t bytes) override { inner_.free_address(va, bytes); }
+  UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override {
+    if (!admit(bytes)) {
+      *driver_code = 0;
+      return UpstreamStatus::share_exhausted;
+    }
+    const UpstreamStatus st = inner_.map(va, bytes, driver_code);
+    if (st != UpstreamStatus::ok) share_.release(c_.device, bytes);
+    publish();
+    return st;
+  }
+  void unmap(std::uint64_t va, std::size_t bytes) override {
+    inner_.unmap(va, bytes);
+    share_.release(c_.device, bytes);
+  }
 
  private:
   std::uint64_t total() const { return c_.device_total; }
+  // No room: this process's own wholly free chunks go back first (they did not fit the request,
+  // but the room they free in the budget may). A growth chunk larger than the allocation needs is
+  // refused at once, since the pool then asks for just what it needs; that ask waits, and every
+  // wait of one allocation ends at one deadline.
+  bool admit(std::size_t bytes) {
+    if (share_.admit(c_.device, total(), bytes, 0)) return true;
+    if (c_.pool) c_.pool->trim();  // the pool's lock is not held while it reserves
+    ShareAsk* ask = t_share_ask;
+    constexpr std::uint64_t kChunk = DevicePool::kChunkGranularity;
+    if (ask && asks_smaller_ && bytes > (ask->size + kChunk - 1) / kChunk * kChunk)
+      return share_.admit(c_.device, total(), bytes, 0);
+    std::uint64_t wait = wait_ns_;
+    if (ask && wait > 0) {
+      const std::uint64_t now = EventClock::now();
+      if (ask->deadline_ns == 0) ask->deadline_ns = now + wait;
+      wait = ask->deadline_ns > now ? ask->deadline_ns - now : 0;
+    }
+    return share_.admit(c_.device, total(), bytes, wait);
+  }
   // What `cupool top` shows of this member: its figures at its last chunk taken (and at each
   // give-back). Called without the pool's lock.
   void publish() {
@@ -62,6 +111,7 @@ class BudgetedUpstream final : public Upstream {
   SharedBudget& share_;
   ContextMemory& c_;
   const std::uint64_t wait_ns_;
+  const bool asks_smaller_;  // the growth policy: a refused chunk is asked for again, smaller
 };
 
 }  // namespace
@@ -121,7 +171,8 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
   }
   Upstream* pool_upstream = record->upstream;
   if (share_) {
-    record->budgeted = std::make_unique<BudgetedUpstream>(*record->upstream, *share_, *record, cfg_.share_wait_ns);
+    record->budgeted = std::make_unique<BudgetedUpstream>(*record->upstream, *share_, *record, cfg_.share_wait_ns,
+                                                            cfg_.policy == PolicyKind::growth);
     pool_upstream = record->budgeted.get();
   }
   record->pool = std::make_unique<DevicePool>(cfg_, record->device, *pool_upstream, observer_);
@@ -185,6 +236,13 @@ void ProcessMemory::drop_if(const std::function<bool(const ContextMemory&)>& whi
 // ---- allocation ------------------------------------------------------------------------------
 
 AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state) {
+  ShareAsk ask{size};
+  ShareAsk* const outer = t_share_ask;
+  t_share_ask = &ask;
+  struct Restore {
+    ShareAsk* outer;
+    ~Restore() { t_share_ask = outer; }
+  } restore{outer};
   AllocResult r = c.pool->allocate(size, state);
   if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state);  // kept VMM mappings first
   if (r.ptr == 0) {

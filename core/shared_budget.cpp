@@ -202,11 +202,46 @@ std::unique_ptr<SharedBudget> SharedBudget::observe(const std::string& segment_p
   return b;
 }
 
+std::unique_ptr<SharedBudget> SharedBudget::create_private(const LimitSpec& limit, std::string* error) {
+  void* p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    *error = std::string("cupool: cannot map a private budget: ") + std::strerror(errno);
+    return nullptr;
+  }
+  std::unique_ptr<SharedBudget> b(new SharedBudget);
+  b->name_ = "private";
+  b->limit_ = limit;
+  b->private_segment_.reset(static_cast<Segment*>(p), [](Segment* s) { munmap(s, sizeof(Segment)); });
+  b->seg_ = b->private_segment_.get();
+  b->my_pid_ = getpid();
+  // Anonymous memory is zeroed: every slot is free, every counter 0.
+  Segment& s = *b->seg_;
+  s.magic = kMagic;
+  s.layout = kLayoutVersion;
+  s.max_members = kMaxMembers;
+  s.max_devices = kMaxDevices;
+  std::snprintf(s.limit, sizeof s.limit, "%s", format_limit_spec(limit).c_str());
+  s.ready.store(1, std::memory_order_release);
+  return b;
+}
+
+std::unique_ptr<SharedBudget> SharedBudget::another_member() const {
+  if (!private_segment_) return nullptr;
+  std::unique_ptr<SharedBudget> b(new SharedBudget);
+  b->name_ = name_;
+  b->limit_ = limit_;
+  b->private_segment_ = private_segment_;
+  b->seg_ = seg_;
+  b->my_pid_ = my_pid_;
+  return b;
+}
+
 SharedBudget::~SharedBudget() {
   stop_give_back();
   // The slot stays ours until exit: the process still holds its memory. At exit, the next
-  // member that needs room finds us gone and reclaims the slot.
-  if (seg_) munmap(seg_, sizeof(Segment));
+  // member that needs room finds us gone and reclaims the slot. (A private budget's mapping goes
+  // with its last member.)
+  if (seg_ && !private_segment_) munmap(seg_, sizeof(Segment));
 }
 
 std::string SharedBudget::limit_text() const { return seg_ ? std::string(seg_->limit) : std::string(); }
@@ -295,6 +330,24 @@ bool SharedBudget::claim(int device, std::uint64_t budget, std::uint64_t bytes, 
   return false;
 }
 
+bool SharedBudget::gives_up_in_deadlock(int device) const {
+  const Slot* mine = mine_.load(std::memory_order_acquire);
+  if (mine == nullptr) return false;
+  const Slot* least = nullptr;
+  for (const Slot& s : seg_->slots) {
+    const std::uint64_t owner = s.owner.load();
+    if (owner == 0 || (owner & 0xff) != kLive || s.held[device].load() == 0) continue;
+    bool waiting = false;
+    for (int d = 0; d < kMaxDevices && !waiting; ++d) waiting = s.waiting[d].load() != 0;
+    if (!waiting) return false;  // a member still runs: it may free memory
+    // The least held; ties go to the larger pid (the younger process, most likely).
+    if (least == nullptr || s.held[device].load() < least->held[device].load() ||
+        (s.held[device].load() == least->held[device].load() && owner > least->owner.load()))
+      least = &s;
+  }
+  return least == mine;
+}
+
 bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t bytes, std::uint64_t wait_ns) {
   const auto b = budget(device, device_total);
   if (!b) return true;  // no budget on this device
@@ -302,6 +355,10 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   if (try_admit(device, *b, bytes)) return true;
   if (reclaim_dead() > 0 && try_admit(device, *b, bytes)) return true;
   if (wait_ns == 0) return false;
+  if (wait_by_) {
+    wait_by_();
+    return claim(device, *b, bytes, false);
+  }
   // Wait for room: say so (the others' give-back threads wake), then retry at every release.
   Slot* mine = my_slot();
   if (mine == nullptr) return false;
@@ -311,6 +368,8 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   futex_wake_all(&seg_->wanted_seq);
   const std::uint64_t started = now_ns(), deadline = started + wait_ns;
   bool ok = false;
+  std::uint32_t last_release = seg_->released_seq.load();
+  std::uint64_t quiet_since = started;  // no release seen since
   for (;;) {
     const std::uint32_t seen = seg_->released_seq.load();
     if (claim(device, *b, bytes, false)) {
@@ -319,6 +378,11 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
     }
     const std::uint64_t t = now_ns();
     if (t >= deadline) break;
+    if (seen != last_release) last_release = seen, quiet_since = t;
+    // Every member that holds memory here waits too, and nothing was released for a while: no
+    // one can give anything back, and all would wait out their time. One gives up now, the one
+    // that holds the least (its program's out-of-memory frees what it held for the others).
+    if (t - quiet_since >= kDeadlockQuiet_ns && gives_up_in_deadlock(device)) break;
     // At most 50 ms asleep: a member that died holding room is reclaimed without anyone's release.
     futex_wait(&seg_->released_seq, seen, std::min<std::uint64_t>(deadline - t, 50'000'000));
     reclaim_dead();

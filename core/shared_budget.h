@@ -13,7 +13,9 @@
 //   reclaimed by the next member that would otherwise be refused.
 // - A forked child is a member of its own: it claims a slot of its own at its first admission.
 // - A member may wait for room (CUPOOL_SHARE_WAIT): it says how much it waits for, the others'
-//   give-back threads return their wholly free chunks, and each release wakes the waiters.
+//   give-back threads return their wholly free chunks, and each release wakes the waiters. When
+//   every member holding memory waits and nothing is released for a second, the one holding the
+//   least gives up at once rather than at the end of its wait.
 #pragma once
 
 #include <atomic>
@@ -68,6 +70,14 @@ class SharedBudget {
                                             std::string* error);
   // A read-only view of an existing segment (cupool top): no slot is claimed.
   static std::unique_ptr<SharedBudget> observe(const std::string& segment_path, std::string* error);
+  // A budget that no other process can join (`cupool replay`: the recorded processes are members
+  // in one process): its segment is anonymous memory. Every SharedBudget of it is one member
+  // with a slot of its own; another_member() adds one. Null and *error on failure.
+  static std::unique_ptr<SharedBudget> create_private(const LimitSpec& limit, std::string* error);
+  std::unique_ptr<SharedBudget> another_member() const;  // private budgets only (else null)
+  // Private budgets only: an admission that would wait calls `give_back_others` instead (the
+  // other members return their wholly free memory at once) and tries once more; no time passes.
+  void wait_by(std::function<void()> give_back_others) { wait_by_ = std::move(give_back_others); }
   ~SharedBudget();
   SharedBudget(const SharedBudget&) = delete;
   SharedBudget& operator=(const SharedBudget&) = delete;
@@ -136,10 +146,16 @@ class SharedBudget {
   // The protocol's step; `notify`: a refusal wakes the waiters (not from a waiter's own retries).
   bool claim(int device, std::uint64_t budget, std::uint64_t bytes, bool notify);
   void stop_give_back();
+  // While waiting: every member holding memory on `device` waits too, and this one holds the
+  // least of them (it gives up, so that the others can go on).
+  bool gives_up_in_deadlock(int device) const;
+  static constexpr std::uint64_t kDeadlockQuiet_ns = 1'000'000'000;  // no release for this long first
 
   std::string name_;
   LimitSpec limit_;
   Segment* seg_ = nullptr;
+  std::shared_ptr<Segment> private_segment_;  // a private budget's mapping, unmapped with its last member
+  std::function<void()> wait_by_;
   bool read_only_ = false;
   std::atomic<Slot*> mine_{nullptr};
   int my_pid_ = 0;

@@ -51,6 +51,23 @@ class Upstream {
   // until it ends. synchronize() stays usable: the driver's upstream then waits only for work
   // that is not being captured, as the driver's own cudaFree does there.
   virtual bool capturing() { return false; }
+
+  // ---- Virtual memory: what the vmm policy needs (docs/design.md, "The vmm policy"). Optional:
+  // an upstream without it answers 0 to vmm_granularity() and the pool grows in chunks instead.
+  // Every address and size below is a multiple of the granularity.
+  virtual std::size_t vmm_granularity() { return 0; }
+  // A virtual range with no memory behind it.
+  virtual UpstreamStatus reserve_address(std::size_t /*bytes*/, std::uint64_t* /*va*/) { return UpstreamStatus::error; }
+  virtual void free_address(std::uint64_t /*va*/, std::size_t /*bytes*/) {}
+  // Device memory behind [va, va + bytes), readable and writable by the device. Each granule can
+  // later be unmapped on its own, whatever the calls that mapped it.
+  virtual UpstreamStatus map(std::uint64_t /*va*/, std::size_t /*bytes*/, int* driver_code) {
+    *driver_code = 0;
+    return UpstreamStatus::error;
+  }
+  // The memory behind mapped granules [va, va + bytes) goes back to the device. Does not wait for
+  // device work: the caller makes sure none still uses it.
+  virtual void unmap(std::uint64_t /*va*/, std::size_t /*bytes*/) {}
 };
 
 }  // namespace cupool

@@ -27,6 +27,7 @@ const DriverCalls& driver() {
     get(c.thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode");
     get(c.stream_is_capturing, "cuStreamIsCapturing");
     get(c.device_get_graph_mem_attribute, "cuDeviceGetGraphMemAttribute");
+    get(c.mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
     return c;
   }();
   return calls;
@@ -310,6 +311,110 @@ void DriverUpstream::wait_fence(FenceId fence) {
   }
   std::lock_guard lock(fence_mutex_);
   if (auto it = fences_.find(fence); it != fences_.end() && --it->second.waiters == 0) forget_fence(fence);
+}
+
+// ---- the vmm policy ---------------------------------------------------------------------------
+
+namespace {
+CUmemAllocationProp device_memory_prop(CUdevice device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = static_cast<int>(device);
+  return prop;
+}
+}  // namespace
+
+std::size_t DriverUpstream::vmm_granularity() {
+  if (std::size_t g = granularity_.load(std::memory_order_acquire)) return g;
+  std::lock_guard lock(vmm_mutex_);
+  if (vmm_unsupported_ || detached_) return 0;
+  std::size_t g = 0;
+  const CUmemAllocationProp prop = device_memory_prop(device_);
+  auto query = driver().mem_get_allocation_granularity;
+  if (query == nullptr || !CUPOOL_REAL(cuMemCreate) || !CUPOOL_REAL(cuMemMap) || !CUPOOL_REAL(cuMemSetAccess) ||
+      !CUPOOL_REAL(cuMemAddressReserve) || query(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || g == 0) {
+    vmm_unsupported_ = true;
+    return 0;
+  }
+  granularity_.store(g, std::memory_order_release);
+  return g;
+}
+
+UpstreamStatus DriverUpstream::reserve_address(std::size_t bytes, std::uint64_t* va) {
+  if (detached_) return UpstreamStatus::error;
+  ContextScope scope(ctx_);
+  CUdeviceptr ptr = 0;
+  const CUresult rc = CUPOOL_REAL(cuMemAddressReserve)(&ptr, bytes, vmm_granularity(), 0, 0);
+  if (rc != CUDA_SUCCESS) return rc == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
+  *va = ptr;
+  return UpstreamStatus::ok;
+}
+
+void DriverUpstream::free_address(std::uint64_t va, std::size_t bytes) {
+  if (detached_) return;
+  ContextScope scope(ctx_);
+  CUPOOL_REAL(cuMemAddressFree)(static_cast<CUdeviceptr>(va), bytes);
+}
+
+UpstreamStatus DriverUpstream::map(std::uint64_t va, std::size_t bytes, int* driver_code) {
+  *driver_code = 0;
+  if (detached_) return UpstreamStatus::error;
+  const std::size_t g = vmm_granularity();
+  if (g == 0) return UpstreamStatus::error;
+  ContextScope scope(ctx_);
+  const CUmemAllocationProp prop = device_memory_prop(device_);
+  std::vector<std::pair<std::uint64_t, CUmemGenericAllocationHandle>> made;
+  made.reserve(bytes / g);
+  CUresult rc = CUDA_SUCCESS;
+  for (std::uint64_t at = va; at < va + bytes; at += g) {
+    CUmemGenericAllocationHandle h = 0;
+    rc = CUPOOL_REAL(cuMemCreate)(&h, g, &prop, 0);
+    if (rc != CUDA_SUCCESS) break;
+    rc = CUPOOL_REAL(cuMemMap)(static_cast<CUdeviceptr>(at), g, 0, h, 0);
+    if (rc != CUDA_SUCCESS) {
+      CUPOOL_REAL(cuMemRelease)(h);
+      break;
+    }
+    made.emplace_back(at, h);
+  }
+  if (rc == CUDA_SUCCESS) {
+    CUmemAccessDesc access{};
+    access.location = prop.location;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    rc = CUPOOL_REAL(cuMemSetAccess)(static_cast<CUdeviceptr>(va), bytes, &access, 1);
+  }
+  if (rc != CUDA_SUCCESS) {  // nothing half done stays behind
+    for (const auto& [at, h] : made) {
+      CUPOOL_REAL(cuMemUnmap)(static_cast<CUdeviceptr>(at), g);
+      CUPOOL_REAL(cuMemRelease)(h);
+    }
+    *driver_code = rc;
+    return rc == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
+  }
+  std::lock_guard lock(vmm_mutex_);
+  for (const auto& [at, h] : made) granule_handles_[at] = h;
+  return UpstreamStatus::ok;
+}
+
+void DriverUpstream::unmap(std::uint64_t va, std::size_t bytes) {
+  if (detached_) return;
+  const std::size_t g = vmm_granularity();
+  if (g == 0) return;
+  std::vector<std::pair<std::uint64_t, CUmemGenericAllocationHandle>> gone;
+  {
+    std::lock_guard lock(vmm_mutex_);
+    for (std::uint64_t at = va; at < va + bytes; at += g)
+      if (auto it = granule_handles_.find(at); it != granule_handles_.end()) {
+        gone.emplace_back(at, it->second);
+        granule_handles_.erase(it);
+      }
+  }
+  ContextScope scope(ctx_);  // the shared budget's give-back thread has no context of its own
+  for (const auto& [at, h] : gone) {
+    CUPOOL_REAL(cuMemUnmap)(static_cast<CUdeviceptr>(at), g);
+    CUPOOL_REAL(cuMemRelease)(h);
+  }
 }
 
 }  // namespace cupool::shim

@@ -36,6 +36,7 @@ struct DriverCalls {
   decltype(&::cuThreadExchangeStreamCaptureMode) thread_exchange_capture_mode = nullptr;
   decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
   decltype(&::cuDeviceGetGraphMemAttribute) device_get_graph_mem_attribute = nullptr;
+  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity = nullptr;
 };
 const DriverCalls& driver();
 
@@ -53,6 +54,14 @@ class DriverUpstream final : public Upstream {
   bool fence_retired(FenceId fence) override;
   void wait_fence(FenceId fence) override;
   bool capturing() override;
+  // The vmm policy: one handle (cuMemCreate) per granule, so that any granule can be unmapped
+  // and released on its own; a run of granules is mapped in one call of map() and made
+  // accessible with one cuMemSetAccess.
+  std::size_t vmm_granularity() override;
+  UpstreamStatus reserve_address(std::size_t bytes, std::uint64_t* va) override;
+  void free_address(std::uint64_t va, std::size_t bytes) override;
+  UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override;
+  void unmap(std::uint64_t va, std::size_t bytes) override;
 
   // The context is gone (reset or destroyed) or the process is exiting: call nothing more.
   void detach() { detached_ = true; }
@@ -95,6 +104,11 @@ class DriverUpstream final : public Upstream {
   std::vector<TombstoneRef> tombstones_;  // not yet seen complete
   CUevent legacy_snapshot_ = nullptr;     // recorded before a blocking capture began
   CUevent probe_event_ = nullptr;         // never recorded: always complete
+  // The vmm policy's granules: the handle mapped at each granule's address.
+  std::mutex vmm_mutex_;
+  std::unordered_map<std::uint64_t, CUmemGenericAllocationHandle> granule_handles_;
+  std::atomic<std::size_t> granularity_{0};  // 0: not asked yet
+  bool vmm_unsupported_ = false;             // the driver has no VMM (under vmm_mutex_)
 };
 
 }  // namespace cupool::shim

@@ -7,7 +7,7 @@ import sys
 src, out = sys.argv[1], sys.argv[2]
 names = []
 for line in open(src, encoding="utf-8"):
-    m = re.match(r"\s*CUPOOL_(?:RUNTIME|DRIVER|WORK|LOADER)_HOOK\((\w+)", line)
+    m = re.match(r"\s*CUPOOL_(?:RUNTIME|DRIVER|WORK|LOADER|NVML)_HOOK\((\w+)", line)
     if m:
         names.append(m.group(1))
 if not names:

@@ -14,12 +14,13 @@ enum class HookId : int {
 #define CUPOOL_DRIVER_HOOK(symbol, base, min_version, max_version, stream) symbol,
 #define CUPOOL_WORK_HOOK(symbol, base, min_version, max_version, stream) symbol,
 #define CUPOOL_LOADER_HOOK(symbol) symbol,
+#define CUPOOL_NVML_HOOK(symbol) symbol,
 #include "hooks.def"
   count_
 };
 inline constexpr std::size_t kHookCount = static_cast<std::size_t>(HookId::count_);
 
-enum class HookKind : unsigned char { runtime, driver, loader };  // work hooks are driver hooks
+enum class HookKind : unsigned char { runtime, driver, loader, nvml };  // work hooks are driver hooks
 enum class StreamFlavour : unsigned char { ANY, LEGACY, PER_THREAD };
 
 struct HookEntry {
@@ -42,9 +43,9 @@ const HookEntry* hook_of_wrapper(const void* fn);
 inline bool is_wrapper(const void* fn) { return hook_of_wrapper(fn) != nullptr; }
 HookId id_of(const HookEntry& entry);
 
-// The real function behind a hook: found on first use (RTLD_NEXT, then the loaded libcuda or
-// libcudart), or learnt from a lookup the process made (dlsym, cuGetProcAddress). nullptr if
-// the library is not there at all.
+// The real function behind a hook: found on first use (RTLD_NEXT, then the loaded libcuda,
+// libcudart or libnvidia-ml), or learnt from a lookup the process made (dlsym,
+// cuGetProcAddress). nullptr if the library is not there at all.
 void* real_function(HookId id);
 // Remember `fn` as the real function for `id` if none is known yet.
 void learn_real_function(HookId id, void* fn);
@@ -57,6 +58,10 @@ DlsymFn real_dlsym();
 void* driver_function(const char* symbol);
 // A runtime function of the process's shared runtime (nullptr if it has none: a static runtime).
 void* runtime_function(const char* symbol);
+// An NVML function cupool calls itself but does not hook: from the library that holds the real
+// function of `beside` (the process may have dlopened it locally), else the loaded libnvidia-ml.
+// nullptr if the process has not loaded NVML.
+void* nvml_function(const char* symbol, HookId beside);
 
 }  // namespace cupool::shim
 

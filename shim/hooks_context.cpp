@@ -161,6 +161,19 @@ bool pool_block_place(std::uint64_t ptr, ipc::BlockPlace* place) {
   return true;
 }
 
+// A block of the vmm policy lies in one virtual range mapped granule by granule: the driver's
+// IPC handles do not cover such memory, and no handle of the driver's names the block. Refused,
+// with one line saying why, before the driver is asked (it could answer for another mapping).
+bool vmm_block(std::uint64_t ptr, const char* api) {
+  ContextPool* cp = pool_owning(ptr);
+  if (cp == nullptr || !cp->pool->virtual_memory()) return false;
+  log_warn(fmt::format("{}: cannot share a block of the vmm policy (CUPOOL_POLICY=vmm) over CUDA IPC: the driver's "
+                       "IPC handles do not cover virtual-memory mappings. Run processes that share memory over "
+                       "CUDA IPC under CUPOOL_POLICY=growth or passthrough.",
+                       api));
+  return true;
+}
+
 // After the driver made the handle of a pool block's chunk. False if the place cannot be written:
 // the handle is then cleared, so that a caller that ignores the error sends nothing that opens.
 bool write_place(unsigned char* handle, const ipc::BlockPlace& place, const char* api) {
@@ -236,6 +249,10 @@ cudaError_t cudaIpcGetMemHandle(Path, cudaIpcMemHandle_t* handle, void* devPtr) 
   if (!real) return cudaErrorInitializationError;
   if (!scope.outermost()) return real(handle, devPtr);
   initialize();
+  if (vmm_block(reinterpret_cast<std::uintptr_t>(devPtr), "cudaIpcGetMemHandle")) {
+    if (handle) std::memset(handle, 0, sizeof(*handle));
+    return cudaErrorInvalidValue;
+  }
   ipc::BlockPlace place;
   const bool block = pool_block_place(reinterpret_cast<std::uintptr_t>(devPtr), &place);
   const cudaError_t rc = real(handle, devPtr);
@@ -251,6 +268,10 @@ CUresult cuIpcGetMemHandle(Path, CUipcMemHandle* handle, CUdeviceptr dptr) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   if (!scope.outermost()) return real(handle, dptr);
   initialize();
+  if (vmm_block(dptr, "cuIpcGetMemHandle")) {
+    if (handle) std::memset(handle, 0, sizeof(*handle));
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   ipc::BlockPlace place;
   const bool block = pool_block_place(dptr, &place);
   const CUresult rc = real(handle, dptr);

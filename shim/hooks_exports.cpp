@@ -193,3 +193,6 @@ CUPOOL_EXPORT(CUresult, cuMemsetD2D32_v2_ptds,
 CUPOOL_EXPORT(CUresult, cuGetProcAddress, (const char* s, void** p, int v, cuuint64_t f), s, p, v, f)
 CUPOOL_EXPORT(CUresult, cuGetProcAddress_v2,
               (const char* s, void** p, int v, cuuint64_t f, CUdriverProcAddressQueryResult* st), s, p, v, f, st)
+// NVML.
+CUPOOL_EXPORT(nvmlReturn_t, nvmlDeviceGetMemoryInfo, (nvmlDevice_t d, nvmlMemory_t* m), d, m)
+CUPOOL_EXPORT(nvmlReturn_t, nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t d, nvmlMemory_v2_t* m), d, m)

@@ -7,6 +7,7 @@
 
 #include "cuda_api.h"
 #include "hook_table.h"
+#include "nvml_api.h"
 #include "trace_schema.h"
 
 namespace cupool::shim {
@@ -79,6 +80,7 @@ namespace impl {
   WithPath<decltype(::symbol)>::type symbol;
 #define CUPOOL_WORK_HOOK(symbol, base, min_version, max_version, stream) \
   inline constexpr auto symbol = &WorkHook<HookId::symbol, StreamFlavour::stream, decltype(::symbol)>::call;
+#define CUPOOL_NVML_HOOK(symbol) WithPath<decltype(::symbol)>::type symbol;
 #include "hooks.def"
 }  // namespace impl
 

@@ -1,8 +1,9 @@
 // The lookups by which a process finds CUDA functions without linking to them: dlsym (XLA,
-// TensorFlow, the runtime itself), cuGetProcAddress (the runtime, statically linked runtimes)
-// and cudaGetDriverEntryPoint (PyTorch's expandable segments). Each hands out cupool's wrapper
-// for a hooked function. They map on every call, also re-entered ones: the runtime's own first
-// lookups happen inside an intercepted call, and a pointer it caches then is used for ever.
+// TensorFlow, the runtime itself, pynvml for NVML), cuGetProcAddress (the runtime, statically
+// linked runtimes) and cudaGetDriverEntryPoint (PyTorch's expandable segments). Each hands out
+// cupool's wrapper for a hooked function. They map on every call, also re-entered ones: the
+// runtime's own first lookups happen inside an intercepted call, and a pointer it caches then is
+// used for ever.
 #include <dlfcn.h>
 #include <link.h>
 
@@ -48,6 +49,11 @@ void* lookup_next(const void* caller, const char* name) {
   return nullptr;
 }
 
+// Every hooked name starts "cu", "dl" or "nvml": other lookups skip the table's search.
+bool may_be_hooked(const char* name) {
+  return name[0] == 'c' || name[0] == 'd' || (name[0] == 'n' && std::strncmp(name, "nvml", 4) == 0);
+}
+
 }  // namespace
 }  // namespace cupool::shim
 
@@ -58,7 +64,7 @@ using cupool::trace::Path;
 extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, const char* name) {
   using namespace cupool::shim;
   void* fn = handle == RTLD_NEXT ? lookup_next(__builtin_return_address(0), name) : real_dlsym()(handle, name);
-  if (fn == nullptr || (name[0] != 'c' && name[0] != 'd')) return fn;
+  if (fn == nullptr || !may_be_hooked(name)) return fn;
   const HookEntry* entry = hook_of_wrapper(fn);
   if (entry == nullptr) {
     entry = find_hook_by_symbol(name);

@@ -1,5 +1,6 @@
 // Finding the real functions behind the hooks, and the wrapper table built from hooks.def.
 #include <dlfcn.h>
+#include <link.h>
 
 #include <atomic>
 #include <cstring>
@@ -21,6 +22,11 @@ std::atomic<void*> g_real[kHookCount];
    reinterpret_cast<void*>(&PathThunk<&impl::symbol, trace::Path::proc_address>::call),       \
    reinterpret_cast<void*>(&PathThunk<&impl::symbol, trace::Path::entry_point>::call)}
 
+// An NVML hook is reached by symbol or through dlsym only (cuGetProcAddress hands out driver hooks).
+#define CUPOOL_NVML_WRAPPERS(symbol)                                                           \
+  {nullptr, reinterpret_cast<void*>(&::symbol),                                               \
+   reinterpret_cast<void*>(&PathThunk<&impl::symbol, trace::Path::dlsym>::call), nullptr, nullptr}
+
 // A work hook's implementation is a generated function (impl::symbol is a pointer to it).
 #define CUPOOL_WORK_WRAPPERS(symbol)                                                           \
   {nullptr, reinterpret_cast<void*>(&::symbol),                                               \
@@ -37,10 +43,12 @@ const HookEntry kHooks[kHookCount] = {
   {#symbol, #base, min_version, max_version, StreamFlavour::stream, HookKind::driver, CUPOOL_WORK_WRAPPERS(symbol)},
 #define CUPOOL_LOADER_HOOK(symbol) \
   {#symbol, #symbol, 0, 0, StreamFlavour::ANY, HookKind::loader, {nullptr, reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol), reinterpret_cast<void*>(&::symbol)}},
+#define CUPOOL_NVML_HOOK(symbol) \
+  {#symbol, #symbol, 0, 0, StreamFlavour::ANY, HookKind::nvml, CUPOOL_NVML_WRAPPERS(symbol)},
 #include "hooks.def"
 };
 
-// libcuda / libcudart as this process loaded them; loaded by us only if the process has not.
+// libcuda / libcudart / libnvidia-ml as this process loaded them; loaded by us only if `load`.
 void* library_handle(const char* const* sonames, bool load) {
   for (const char* const* name = sonames; *name; ++name)
     if (void* h = dlopen(*name, RTLD_LAZY | RTLD_NOLOAD)) return h;
@@ -48,13 +56,16 @@ void* library_handle(const char* const* sonames, bool load) {
 }
 constexpr const char* kDriverSonames[] = {"libcuda.so.1", "libcuda.so", nullptr};
 constexpr const char* kRuntimeSonames[] = {"libcudart.so.13", "libcudart.so.12", "libcudart.so", nullptr};
+constexpr const char* kNvmlSonames[] = {"libnvidia-ml.so.1", "libnvidia-ml.so", nullptr};
 
 void* resolve(const HookEntry& e) {
   DlsymFn dl = real_dlsym();
   if (e.kind == HookKind::loader) return reinterpret_cast<void*>(dl);
   if (void* fn = dl(RTLD_NEXT, e.symbol)) return fn;
   const bool driver = e.kind == HookKind::driver;
-  void* h = library_handle(driver ? kDriverSonames : kRuntimeSonames, driver);
+  // NVML is never loaded by cupool: a process that did not load it has asked it nothing.
+  const char* const* sonames = driver ? kDriverSonames : e.kind == HookKind::nvml ? kNvmlSonames : kRuntimeSonames;
+  void* h = library_handle(sonames, driver);
   return h ? dl(h, e.symbol) : nullptr;
 }
 
@@ -154,6 +165,19 @@ void* runtime_function(const char* symbol) {
   DlsymFn dl = real_dlsym();
   if (void* fn = dl(RTLD_NEXT, symbol)) return fn;
   void* h = library_handle(kRuntimeSonames, false);
+  return h ? dl(h, symbol) : nullptr;
+}
+
+void* nvml_function(const char* symbol, HookId beside) {
+  DlsymFn dl = real_dlsym();
+  Dl_info info;
+  link_map* map = nullptr;
+  // In glibc a link_map is the object's handle.
+  if (void* sibling = real_function(beside);
+      sibling && dladdr1(sibling, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) != 0 && map)
+    if (void* fn = dl(map, symbol)) return fn;
+  if (void* fn = dl(RTLD_NEXT, symbol)) return fn;
+  void* h = library_handle(kNvmlSonames, false);
   return h ? dl(h, symbol) : nullptr;
 }
 

@@ -173,6 +173,8 @@ void initialize() {
   run_once(g_active, activate_once);
 }
 
+bool reached_cuda() { return g_active.load(std::memory_order_acquire) == kReady; }
+
 const Config& config() { return *g_config; }
 bool exiting() { return g_exiting.load(std::memory_order_acquire); }
 

@@ -17,6 +17,8 @@ namespace cupool::shim {
 // runs, i.e. the process reaches CUDA (the configuration banner, warnings about unknown
 // variables). Safe to call from any hook at any time; after the first call, one load.
 void initialize();
+// Has a hook run initialize(), i.e. has the process reached CUDA? Until then it has no pools.
+bool reached_cuda();
 const Config& config();
 bool exiting();
 

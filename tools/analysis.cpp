@@ -499,6 +499,32 @@ std::uint64_t Analysis::oom_count() const {
 
 // ---- reading -------------------------------------------------------------------------------
 
+namespace {
+
+// What to add to each trace's `t` to put it on one clock with the others. `t` is CLOCK_MONOTONIC,
+// which processes of one boot share exactly; traces of other boots (or hosts) are placed by the
+// wall clock: each trace's boot time (start_unix_ns - start_mono_ns) against the earliest one.
+// Boot times within 1 s of each other are taken as one boot (the wall clock drifts against the
+// monotonic one by far less between two traces of one boot; two boots are more than 1 s apart):
+// their traces keep their exact order.
+std::vector<std::uint64_t> clock_shifts(const std::vector<std::unique_ptr<TraceInput>>& inputs) {
+  constexpr std::int64_t kSameBoot = 1'000'000'000;
+  std::vector<std::int64_t> boot;
+  for (const auto& in : inputs) {
+    const TraceMeta& m = in->meta();
+    std::int64_t b = static_cast<std::int64_t>(m.start_unix_ns - m.start_mono_ns);
+    for (std::int64_t earlier : boot)
+      if (b - earlier < kSameBoot && earlier - b < kSameBoot) b = earlier;  // the boot already seen
+    boot.push_back(b);
+  }
+  std::vector<std::uint64_t> shift;
+  const std::int64_t first = boot.empty() ? 0 : *std::min_element(boot.begin(), boot.end());
+  for (std::int64_t b : boot) shift.push_back(static_cast<std::uint64_t>(b - first));
+  return shift;
+}
+
+}  // namespace
+
 void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress, const char* command,
              EventVisitor* visitor) {
   std::vector<std::unique_ptr<TraceInput>> inputs;
@@ -507,12 +533,18 @@ void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress
   std::vector<std::size_t> index(n);
   for (std::size_t i = 0; i < n; ++i) index[i] = out.add_source(inputs[i]->meta());
 
-  // The first event of each trace: the earliest is time zero.
+  // Every trace's events on one clock, merged on it; the earliest is time zero.
+  const std::vector<std::uint64_t> shift = clock_shifts(inputs);
   std::vector<Event> head(n);
   std::vector<bool> live(n);
+  auto next = [&](std::size_t i) {
+    live[i] = inputs[i]->next(head[i]);
+    if (live[i]) head[i].t_ns += shift[i];
+    else if (visitor) visitor->end(index[i], *inputs[i]);
+  };
   std::uint64_t origin = ~std::uint64_t{0};
   for (std::size_t i = 0; i < n; ++i) {
-    live[i] = inputs[i]->next(head[i]);
+    next(i);
     if (live[i]) origin = std::min(origin, head[i].t_ns);
   }
   out.set_origin(origin == ~std::uint64_t{0} ? 0 : origin);
@@ -536,7 +568,7 @@ void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress
     if (pick == n) break;
     out.add(index[pick], head[pick], inputs[pick]->line());
     if (visitor) visitor->visit(index[pick], head[pick], *inputs[pick]);
-    live[pick] = inputs[pick]->next(head[pick]);
+    next(pick);
     if (progress && (++count & 0x3ffff) == 0) {
       const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (secs > 1.0) {

@@ -249,13 +249,16 @@ class Analysis {
   std::map<int, DeviceTotal> totals_;
 };
 
-// Reads every trace, merged by time, into an Analysis. `progress`: a line on stderr, refreshed,
-// when reading takes more than a second and stderr is a terminal. `visit(source, event)` (may be
-// empty) sees each event after the analysis did. Throws TraceError.
+// Reads every trace, merged by time (traces of other boots placed by the wall clock), into an
+// Analysis. `progress`: a line on stderr, refreshed, when reading takes more than a second and
+// stderr is a terminal. `visit(source, event)` (may be empty) sees each event after the analysis
+// did, with `t` on the merged clock. Throws TraceError.
 class EventVisitor {
  public:
   virtual ~EventVisitor() = default;
   virtual void visit(std::size_t source, const Event& e, TraceInput& input) = 0;
+  // After the last event of trace `source` (its process has exited).
+  virtual void end(std::size_t /*source*/, TraceInput& /*input*/) {}
 };
 void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress, const char* command,
              EventVisitor* visitor = nullptr);

@@ -1,12 +1,15 @@
 // cupool replay: what other policies would have done with a recorded run.
+#include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
 
 #include "cli.h"
 #include "commands.h"
 #include "options.h"
 #include "replay.h"
 #include "report.h"
+#include "shared_budget.h"
 
 namespace cupool::tools {
 
@@ -40,6 +43,19 @@ const char* const kReplayHelp =
     "  --release DURATION      CUPOOL_RELEASE (never, 30s...): idle chunks go back, on the trace's clock\n"
     "  --free sync|deferred    CUPOOL_FREE (default here: sync; the simulated device runs no work,\n"
     "                          so nothing freed needs a fence before its reuse)\n"
+    "  --share-limit SIZE      every replayed process draws from one budget of SIZE per device\n"
+    "                          (CUPOOL_SHARE_LIMIT syntax): its first refusal (who held what), the\n"
+    "                          refusals (class share) and the peak of all processes' claims\n"
+    "  --share-wait DURATION   CUPOOL_SHARE_WAIT: a refused allocation makes every other process give\n"
+    "                          back its wholly free chunks, then is tried once more (no time passes)\n"
+    "  --min-budget            bisect the smallest shared budget under which no allocation the\n"
+    "                          recording got is refused by it (with --share-wait if given)\n"
+    "  --min-capacity          bisect the smallest device each policy fits in (no allocation the\n"
+    "                          recording got fails, whatever the class), beside the peak live bytes\n"
+    "                          (the difference: what fragmentation costs), with the event that fails\n"
+    "                          one step below; exit status 1 when a policy does not fit the recorded\n"
+    "                          device. Both searches go by 2 MiB steps (or end at the upper bound\n"
+    "                          itself) and read the traces again for each step tried\n"
     "  --json                  print JSON instead of text\n"
     "  --no-progress           no progress line\n"
     "  --help                  this text\n"
@@ -125,6 +141,96 @@ nlohmann::json numbers_json(const Analysis& a, const Replayer* r) {
   return j;
 }
 
+// The steps of both searches: the pool's chunk granularity (and the VMM allocation granularity).
+constexpr std::uint64_t kSearchGranularity = 2ull << 20;
+
+// The smallest device, or budget, one policy needs (--min-capacity, --min-budget).
+struct Search {
+  bool fits = true;             // at the upper bound (min-capacity: the recorded device)
+  std::uint64_t upper = 0;      // the bound searched below
+  std::optional<ReplayFailure> at_upper;  // what failed there (fits is false)
+  Smallest smallest;
+};
+
+Search min_capacity_of(const std::vector<std::string>& paths, const Replayer& replayer, std::size_t run,
+                       const ReplayOptions& options) {
+  Search s;
+  for (const auto& [dev, total] : replayer.analysis(run).totals()) s.upper = std::max(s.upper, replayer.capacity(dev));
+  s.at_upper = replayer.first_failure(run);
+  s.fits = !s.at_upper;
+  if (!s.fits) return s;
+  ReplayOptions probed = options;
+  probed.stop = ReplayOptions::Stop::failure;
+  s.smallest = smallest_fitting(s.upper, kSearchGranularity, [&](std::uint64_t capacity) {
+    probed.capacity = capacity;
+    return probe(paths, replayer.policy(run), probed).failure;
+  });
+  return s;
+}
+
+// The upper bound: the peak of every process's claims under a budget that refuses nothing (with
+// it as the budget, the replay is the same, so it fits).
+Search min_budget_of(const std::vector<std::string>& paths, const Replayer& replayer, std::size_t run,
+                     const ReplayOptions& options) {
+  Search s;
+  ReplayOptions probed = options;
+  probed.share_limit = LimitSpec{SizeSpec{~std::uint64_t{0} >> 1, 0}, {}};
+  s.upper = probe(paths, replayer.policy(run), probed).share_peak;
+  if (s.upper == 0) return s;
+  probed.stop = ReplayOptions::Stop::share_refusal;
+  s.smallest = smallest_fitting(s.upper, kSearchGranularity, [&](std::uint64_t budget) {
+    probed.share_limit = LimitSpec{SizeSpec{budget, 0}, {}};
+    return probe(paths, replayer.policy(run), probed).failure;
+  });
+  return s;
+}
+
+std::string trace_name(const Analysis& a, std::size_t source) {
+  return source < a.sources().size() ? a.sources()[source].meta.path : std::string("?");
+}
+
+nlohmann::json failure_json(const ReplayFailure& f, const Analysis& a) {
+  nlohmann::json j = oom_json(f.oom, a.origin());
+  j["trace"] = trace_name(a, f.source);
+  if (!f.held.empty()) {
+    j["held"] = nlohmann::json::array();
+    for (const auto& [source, bytes] : f.held) j["held"].push_back({{"trace", trace_name(a, source)}, {"bytes", bytes}});
+  }
+  return j;
+}
+
+std::string failure_text(const ReplayFailure& f, const Analysis& a) {
+  std::string out = oom_text(f.oom, a.origin()) + " [" + trace_name(a, f.source) + "]";
+  if (!f.held.empty()) {
+    out += "; held:";
+    for (std::size_t i = 0; i < f.held.size(); ++i)
+      out += (i ? ", " : " ") + trace_name(a, f.held[i].first) + " " + human_size(f.held[i].second);
+  }
+  return out;
+}
+
+nlohmann::json search_json(const Search& s, const Analysis& a) {
+  nlohmann::json j = {{"fits", s.fits}, {"upper", s.upper}, {"granularity", kSearchGranularity}};
+  j["bytes"] = s.fits ? nlohmann::json(s.smallest.value) : nlohmann::json(nullptr);
+  j["failure"] = s.at_upper ? failure_json(*s.at_upper, a) : nlohmann::json(nullptr);
+  j["below"] = s.smallest.below ? nlohmann::json{{"bytes", s.smallest.below_value}, {"failure", failure_json(*s.smallest.below, a)}}
+                                : nlohmann::json(nullptr);
+  j["probes"] = s.smallest.probes;
+  return j;
+}
+
+std::string below_text(const Search& s, const Analysis& a) {
+  if (!s.smallest.below) return "";
+  return "\n      at " + human_size(s.smallest.below_value) + ": " + failure_text(*s.smallest.below, a);
+}
+
+// The largest of every device's peak live bytes (what the program held at once).
+std::uint64_t peak_live(const Analysis& a) {
+  std::uint64_t peak = 0;
+  for (const auto& [dev, total] : a.totals()) peak = std::max(peak, total.peak_requested);
+  return peak;
+}
+
 }  // namespace
 
 int cmd_replay(const std::vector<std::string>& raw) {
@@ -132,8 +238,8 @@ int cmd_replay(const std::vector<std::string>& raw) {
   try {
     Args args(raw,
               {"--policy", "--capacity", "--limit", "--preallocate", "--preallocate-grow", "--growth-chunk",
-               "--growth-chunk-max", "--release", "--free"},
-              {"--json", "--no-progress", "--help"});
+               "--growth-chunk-max", "--release", "--free", "--share-limit", "--share-wait"},
+              {"--json", "--no-progress", "--help", "--min-budget", "--min-capacity"});
     if (args.flag("--help")) {
       std::fputs(kReplayHelp, stdout);
       std::fputs(kExitCodesHelp, stdout);
@@ -164,6 +270,21 @@ int cmd_replay(const std::vector<std::string>& raw) {
     for (const auto& [opt, var] : option_vars)
       if (auto v = args.value(opt)) vars[var] = *v;
 
+    // The replayed configuration is read by the same table as the library's (core/options.cpp).
+    auto parse_vars = [](const std::map<std::string, std::string>& vs) -> Config {
+      auto parsed = parse_options([&](const char* var) -> const char* {
+        auto it = vs.find(var);
+        return it == vs.end() ? nullptr : it->second.c_str();
+      });
+      if (auto* err = std::get_if<OptionError>(&parsed)) {
+        std::string msg = err->message;
+        if (msg.rfind("cupool: ", 0) == 0) msg = msg.substr(8);
+        if (err->variable == "CUPOOL_POLICY") msg += " (or recorded)";
+        throw UsageError(msg);
+      }
+      return std::get<Config>(parsed);
+    };
+
     ReplayOptions options;
     if (auto c = args.value("--capacity")) {
       options.capacity = parse_size(*c, "--capacity");
@@ -175,19 +296,26 @@ int cmd_replay(const std::vector<std::string>& raw) {
         continue;
       }
       vars["CUPOOL_POLICY"] = name;
-      // The replayed configuration is read by the same table as the library's (core/options.cpp).
-      auto parsed = parse_options([&](const char* var) -> const char* {
-        auto it = vars.find(var);
-        return it == vars.end() ? nullptr : it->second.c_str();
-      });
-      if (auto* err = std::get_if<OptionError>(&parsed)) {
-        std::string msg = err->message;
-        if (msg.rfind("cupool: ", 0) == 0) msg = msg.substr(8);
-        if (err->variable == "CUPOOL_POLICY") msg += " (or recorded)";
-        return usage_error(cmd, msg);
-      }
-      options.policies.push_back(ReplayPolicy{name, std::get<Config>(parsed)});
+      options.policies.push_back(ReplayPolicy{name, parse_vars(vars)});
     }
+
+    const bool min_budget = args.flag("--min-budget"), min_capacity = args.flag("--min-capacity");
+    if (args.value("--share-limit") || args.value("--share-wait")) {
+      if (!args.value("--share-limit") && !min_budget)
+        return usage_error(cmd, "--share-wait: needs --share-limit or --min-budget");
+      std::map<std::string, std::string> share_vars = {{"CUPOOL_SHARE", "replay"}};
+      if (auto v = args.value("--share-limit")) share_vars["CUPOOL_SHARE_LIMIT"] = *v;
+      if (auto v = args.value("--share-wait")) share_vars["CUPOOL_SHARE_WAIT"] = *v;
+      const Config share = parse_vars(share_vars);
+      if (args.value("--share-limit")) options.share_limit = share.share_limit;
+      options.share_wait_ns = share.share_wait_ns;
+    }
+    if ((options.share_limit || min_budget) && args.positional().size() > SharedBudget::kMaxMembers)
+      return usage_error(cmd, "a shared budget has at most " + std::to_string(SharedBudget::kMaxMembers) +
+                                  " members (traces)");
+    if (min_budget || min_capacity)
+      for (const std::string& path : args.positional())
+        if (path == "-") return usage_error(cmd, "--min-budget and --min-capacity read the traces again: not from standard input");
 
     Analysis recorded;
     Replayer replayer(options);
@@ -198,6 +326,12 @@ int cmd_replay(const std::vector<std::string>& raw) {
       return kExitBadTrace;
     }
     replayer.finish(recorded);
+
+    std::vector<Search> capacities, budgets;
+    for (std::size_t i = 0; i < replayer.runs().size(); ++i) {
+      if (min_capacity) capacities.push_back(min_capacity_of(args.positional(), replayer, i, options));
+      if (min_budget) budgets.push_back(min_budget_of(args.positional(), replayer, i, options));
+    }
 
     std::vector<Column> columns = {{"recorded", &recorded}};
     for (std::size_t i = 0; i < replayer.runs().size(); ++i)
@@ -218,6 +352,19 @@ int cmd_replay(const std::vector<std::string>& raw) {
             j["config"].push_back(nlohmann::json::parse(config_json(replayer.config(i, s))));
         } else {
           j["config"] = nlohmann::json::parse(config_json(replayer.config(i, 0)));
+        }
+        const Analysis& a = replayer.analysis(i);
+        if (options.share_limit) {
+          nlohmann::json peak = nlohmann::json::object();
+          for (const auto& [dev, bytes] : replayer.share_peak(i)) peak[std::to_string(dev)] = bytes;
+          const auto& first = replayer.first_refusal(i);
+          j["share"] = {{"refusals", replayer.share_refusals(i)}, {"peak", peak},
+                        {"first_refusal", first ? failure_json(*first, a) : nlohmann::json(nullptr)}};
+        }
+        if (min_budget) j["min_budget"] = search_json(budgets[i], a);
+        if (min_capacity) {
+          j["min_capacity"] = search_json(capacities[i], a);
+          j["min_capacity"]["peak_requested"] = peak_live(a);
         }
         policies.push_back(j);
       }
@@ -280,7 +427,47 @@ int cmd_replay(const std::vector<std::string>& raw) {
       out += "\n";
       if (first->has_pool) out += "      pool: " + pool_state_text(first->pool) + "\n";
     }
-    if (any_oom) out += "\nexit status 1: a replayed policy ran out of memory\n";
+    if (options.share_limit) {
+      out += "\nshared budget " + format_limit_spec(*options.share_limit) + " per device, every process a member, " +
+             (options.share_wait_ns ? "a refusal waits (the others give back, then one more try)"
+                                    : "no wait") + ":\n";
+      for (std::size_t i = 0; i < replayer.runs().size(); ++i) {
+        std::string peaks;
+        for (const auto& [dev, bytes] : replayer.share_peak(i))
+          peaks += (peaks.empty() ? "" : ", ") + human_size(bytes) + " on device " + std::to_string(dev);
+        const auto& first = replayer.first_refusal(i);
+        out += "  " + columns[i + 1].name + ": " + std::to_string(replayer.share_refusals(i)) +
+               " refused (class share), peak held " + (peaks.empty() ? std::string("0 B") : peaks) + "\n";
+        if (first) out += "      first refusal " + failure_text(*first, replayer.analysis(i)) + "\n";
+      }
+    }
+    if (min_budget) {
+      out += "\nsmallest shared budget (2 MiB steps; fits: no allocation the recording got is refused by it):\n";
+      for (std::size_t i = 0; i < replayer.runs().size(); ++i) {
+        const Search& s = budgets[i];
+        out += "  " + columns[i + 1].name + ": " + human_size(s.smallest.value) + " (peak held with no limit " +
+               human_size(s.upper) + ")" + below_text(s, replayer.analysis(i)) + "\n";
+      }
+    }
+    bool misfit = false;
+    if (min_capacity) {
+      out += "\nsmallest device (2 MiB steps; fits: no allocation the recording got fails):\n";
+      for (std::size_t i = 0; i < replayer.runs().size(); ++i) {
+        const Search& s = capacities[i];
+        const Analysis& a = replayer.analysis(i);
+        out += "  " + columns[i + 1].name + ": ";
+        if (!s.fits) {
+          misfit = true;
+          out += "does not fit the recorded " + human_size(s.upper) + "\n      " + failure_text(*s.at_upper, a) + "\n";
+          continue;
+        }
+        const std::uint64_t live = peak_live(a);
+        out += human_size(s.smallest.value) + ", peak live " + human_size(live) + ": fragmentation costs " +
+               human_size(s.smallest.value > live ? s.smallest.value - live : 0) + below_text(s, a) + "\n";
+      }
+    }
+    if (misfit) out += "\nexit status 1: a policy does not fit the recorded device\n";
+    else if (any_oom) out += "\nexit status 1: a replayed policy ran out of memory\n";
     std::fwrite(out.data(), 1, out.size(), stdout);
     return any_oom ? kExitOutOfMemory : kExitOk;
   } catch (const UsageError& e) {

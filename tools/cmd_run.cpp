@@ -35,7 +35,7 @@ const char* const kRunHelp =
     "stderr (peak in use, peak reserved, out-of-memory count, trace path) and exits with its status.\n"
     "\n"
     "options (each sets a CUPOOL_* variable, and wins over one already in the environment):\n"
-    "  --policy growth|preallocate|passthrough   CUPOOL_POLICY\n"
+    "  --policy growth|preallocate|passthrough|vmm   CUPOOL_POLICY\n"
     "  --limit SIZE          CUPOOL_LIMIT: cap per device (8GiB, 50%, 8GiB,1:50%)\n"
     "  --preallocate SIZE    CUPOOL_PREALLOCATE: what the preallocate policy takes up front\n"
     "  --free sync|deferred  CUPOOL_FREE\n"

@@ -1,5 +1,6 @@
 #include "replay.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -63,17 +64,57 @@ class ReplayContext final : public Upstream {
   bool fence_retired(FenceId fence) override { return device_.fence_retired(fence); }
   void wait_fence(FenceId fence) override { device_.wait_fence(fence); }
   bool capturing() override { return false; }
+  // The vmm policy on the simulated device; a reset context's mapped granules go with it.
+  std::size_t vmm_granularity() override { return device_.vmm_granularity(); }
+  UpstreamStatus reserve_address(std::size_t bytes, std::uint64_t* va) override {
+    if (detached_) return UpstreamStatus::error;
+    return device_.reserve_address(bytes, va);
+  }
+  void free_address(std::uint64_t va, std::size_t bytes) override {
+    if (!detached_) device_.free_address(va, bytes);
+  }
+  UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override {
+    if (detached_) {
+      *driver_code = SimUpstream::kOutOfMemoryCode;
+      return UpstreamStatus::error;
+    }
+    const UpstreamStatus s = device_.map(va, bytes, driver_code);
+    if (s == UpstreamStatus::ok) mapped_[va] = bytes;
+    return s;
+  }
+  void unmap(std::uint64_t va, std::size_t bytes) override {
+    if (detached_) return;
+    device_.unmap(va, bytes);
+    forget_mapped(va, bytes);
+  }
 
   void detach() {
     for (const auto& [base, bytes] : held_) device_.release(base, bytes);
     held_.clear();
+    for (const auto& [va, bytes] : mapped_) device_.unmap(va, bytes);
+    mapped_.clear();
     detached_ = true;
   }
 
  private:
   SimUpstream& device_;
   const bool& streams_seen_;
+  // What map() was asked, by address; an unmap may take any granules of it (the pieces stay).
+  void forget_mapped(std::uint64_t va, std::size_t bytes) {
+    const std::size_t g = device_.vmm_granularity();
+    for (std::uint64_t at = va; at < va + bytes; at += g) {
+      auto it = mapped_.upper_bound(at);
+      if (it == mapped_.begin()) continue;
+      --it;
+      const std::uint64_t base = it->first, size = it->second;
+      if (at >= base + size) continue;
+      mapped_.erase(it);
+      if (at > base) mapped_[base] = at - base;
+      if (at + g < base + size) mapped_[at + g] = base + size - at - g;
+    }
+  }
   std::unordered_map<std::uint64_t, std::size_t> held_;
+  std::map<std::uint64_t, std::size_t> mapped_;  // mapped granules, as ranges
   bool detached_ = false;
 };
 
@@ -109,6 +150,7 @@ struct Replayer::Run : public PoolObserver {
   struct Process {
     Config config;
     // Declared before the memory that uses them: destroyed after it.
+    std::unique_ptr<SharedBudget> member;  // its membership of the run's budget (null: none)
     std::vector<std::unique_ptr<ReplayContext>> contexts;   // every context, alive as its records
     std::unique_ptr<ReplayVmm> vmm;
     std::unique_ptr<ProcessMemory> memory;
@@ -128,7 +170,45 @@ struct Replayer::Run : public PoolObserver {
     std::uint64_t next_host_key = 1ull << 62;  // keys of allocations that take no device memory
   };
   std::map<int, std::unique_ptr<SimUpstream>> devices;
+  std::unique_ptr<SharedBudget> budget;  // every process's (a private segment); null: none
   std::map<std::size_t, Process> procs;
+
+  std::optional<ReplayFailure> first_failure, first_refusal;
+  std::uint64_t share_refusals = 0;
+  std::map<int, std::uint64_t> share_peak;
+
+  // The allocation of `recorded` was refused now, for `oom`: counted, and kept if the recording got it.
+  void refused(const Event& recorded, OomClass oom) {
+    if (oom == OomClass::share) ++share_refusals;
+    if (recorded.rc != 0) return;  // the recording did not get it either
+    const bool new_refusal = oom == OomClass::share && !first_refusal;
+    if (first_failure && !new_refusal) return;
+    ReplayFailure f;
+    f.oom.t = now;
+    f.oom.line = line;
+    f.oom.device = recorded.device;
+    f.oom.api = recorded.api;
+    f.oom.size = recorded.size;
+    f.oom.oom_class = oom;
+    f.oom.tid = tid;
+    f.source = source;
+    if (budget)
+      for (const auto& [s, p] : procs) f.held.emplace_back(s, p.member->held_mine(recorded.device));
+    if (!first_failure) first_failure = f;
+    if (new_refusal) first_refusal = std::move(f);
+  }
+
+  // While process `waiting` waits for room, the others' give-back threads return their wholly
+  // free memory (shim: SharedBudget::serve_give_back); their events are their own.
+  void give_back_others(std::size_t waiting) {
+    const std::size_t saved = source;
+    for (auto& [s, p] : procs) {
+      if (s == waiting) continue;
+      source = s;
+      p.memory->give_back();
+    }
+    source = saved;
+  }
 
   ~Run() override {
     // Pools give their chunks back to the simulated devices: destroy them first.
@@ -182,12 +262,21 @@ Replayer::Replayer(ReplayOptions options) : options_(std::move(options)) {
   for (const auto& p : options_.policies) {
     runs_.push_back(std::make_unique<Run>());
     runs_.back()->policy = p;
+    if (options_.share_limit) {
+      std::string error;
+      runs_.back()->budget = SharedBudget::create_private(*options_.share_limit, &error);
+      if (!runs_.back()->budget) throw std::runtime_error(error);
+    }
   }
 }
 
 Replayer::~Replayer() = default;
 
 const Analysis& Replayer::analysis(std::size_t run) const { return runs_[run]->analysis; }
+const std::optional<ReplayFailure>& Replayer::first_failure(std::size_t run) const { return runs_[run]->first_failure; }
+const std::optional<ReplayFailure>& Replayer::first_refusal(std::size_t run) const { return runs_[run]->first_refusal; }
+std::uint64_t Replayer::share_refusals(std::size_t run) const { return runs_[run]->share_refusals; }
+const std::map<int, std::uint64_t>& Replayer::share_peak(std::size_t run) const { return runs_[run]->share_peak; }
 const ReplayPolicy& Replayer::policy(std::size_t run) const { return runs_[run]->policy; }
 
 Config Replayer::config(std::size_t run, std::size_t source) const {
@@ -256,13 +345,23 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
       } else {
         fresh.config = run.policy.config;
       }
+      if (options_.share_limit) {
+        fresh.config.share = "replay";
+        fresh.config.share_limit = *options_.share_limit;
+        fresh.config.share_wait_ns = options_.share_wait_ns;
+      }
       fresh.streams_seen = streams_seen_.count(source) > 0;
       proc_it = run.procs.emplace(source, std::move(fresh)).first;
       Run::Process& p = proc_it->second;
       const TraceMeta& meta = input.meta();
       p.replays_vmm_cache = meta.format_major > 2 || (meta.format_major == 2 && meta.format_minor >= 2);
       p.vmm = std::make_unique<Run::ReplayVmm>(p);
-      p.memory = std::make_unique<ProcessMemory>(p.config, &run, p.replays_vmm_cache ? p.vmm.get() : nullptr);
+      if (run.budget) {
+        p.member = run.budget->another_member();
+        p.member->wait_by([&run, source] { run.give_back_others(source); });
+      }
+      p.memory = std::make_unique<ProcessMemory>(p.config, &run, p.replays_vmm_cache ? p.vmm.get() : nullptr,
+                                                 p.member.get());
       p.memory->set_warnings(false);
       if (VmmCache* cache = p.memory->vmm_cache()) cache->set_recorded_thread(&run.tid);
     }
@@ -294,7 +393,8 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
     auto& early_frees = proc.on_device[e.device].early_frees;
 
     // Memory outside the pools, as the shim's hooks take it: charged, then placed on the device.
-    auto allocate_outside = [&](std::uint64_t bytes, bool on_device) -> std::uint64_t {
+    // `refusal`: the class of a refusal (none when it succeeded).
+    auto allocate_outside = [&](std::uint64_t bytes, bool on_device, OomClass* refusal) -> std::uint64_t {
       std::uint64_t got = 0;
       const OutsideAnswer answer = memory.allocate_outside(ctx, bytes, e.api.c_str(), [&](std::uint64_t* made) {
         if (!on_device) {
@@ -306,7 +406,25 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
         *made = got;
         return OutsideAnswer::ok;
       });
-      if (answer != OutsideAnswer::ok) return 0;
+      // The cap is the device's size when no limit is set: then the class is device, as the pool's.
+      const bool limited = memory.config().limit.for_device(e.device).has_value();
+      *refusal = answer == OutsideAnswer::ok                 ? OomClass::none
+                 : answer == OutsideAnswer::refused_by_cap   ? (limited ? OomClass::limit : OomClass::device)
+                 : answer == OutsideAnswer::refused_by_share ? OomClass::share
+                                                             : OomClass::device;
+      if (answer != OutsideAnswer::ok) {
+        // The budget's refusal is an out-of-memory of class share, as the pool's is (the shim
+        // records none for memory outside the pools: the class would read "device").
+        if (answer == OutsideAnswer::refused_by_share) {
+          PoolEvent oom;
+          oom.kind = PoolEvent::Kind::oom;
+          oom.size = bytes;
+          oom.device = e.device;
+          oom.oom = OomClass::share;
+          run.pool_event(oom);
+        }
+        return 0;
+      }
       proc.outside[got] = Run::Outside{bytes, on_device ? context : nullptr};
       return got;
     };
@@ -353,14 +471,18 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
     switch (e.kind) {
       case EventKind::alloc: {
         std::uint64_t ptr = 0;
+        OomClass refusal = OomClass::none;
         if (memory.pooled() && pool_serves(e)) {
           trace::PoolState state;
-          ptr = memory.allocate(*ctx, e.size, e.api.c_str(), &state).ptr;
+          const AllocResult r = memory.allocate(*ctx, e.size, e.api.c_str(), &state);
+          ptr = r.ptr;
+          refusal = r.oom == OomClass::none ? OomClass::device : r.oom;
           run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, &state);
         } else {
-          ptr = allocate_outside(e.size, takes_device_memory(e));
+          ptr = allocate_outside(e.size, takes_device_memory(e), &refusal);
           run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, nullptr);
         }
+        if (!ptr) run.refused(e, refusal);
         bool freed_already = false;
         if (auto early = early_frees.find(e.ptr); e.rc == 0 && early != early_frees.end()) {
           // Its free came first in the file (another thread's line): it is freed at once.
@@ -395,8 +517,10 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
         std::uint64_t handle = cache ? cache->take(ctx->upstream, e.size, VmmProps{}, ctx->pool->has_room(e.size)) : 0;
         const bool recycled = handle != 0;
         if (!recycled) {
-          handle = allocate_outside(e.size, true);
+          OomClass refusal = OomClass::none;
+          handle = allocate_outside(e.size, true, &refusal);
           if (handle && cache) cache->created(ctx->upstream, handle, e.size, VmmProps{});
+          if (!handle) run.refused(e, refusal);
         }
         Event v = e;
         v.recycled = recycled;
@@ -472,6 +596,36 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
       default:
         break;
     }
+    if (run.budget) {
+      std::uint64_t& peak = run.share_peak[e.device];
+      peak = std::max(peak, run.budget->held_total(e.device));
+    }
+  }
+  for (const auto& run : runs_) {
+    if ((options_.stop == ReplayOptions::Stop::failure && run->first_failure) ||
+        (options_.stop == ReplayOptions::Stop::share_refusal && run->first_refusal))
+      throw Stopped{};
+  }
+}
+
+void Replayer::end(std::size_t source, TraceInput&) {
+  for (auto& run : runs_) {
+    auto it = run->procs.find(source);
+    if (it == run->procs.end()) continue;
+    Run::Process& proc = it->second;
+    proc.memory->drop_if([](const ContextMemory&) { return true; },
+                         [](ContextMemory& c) { static_cast<ReplayContext*>(c.upstream)->detach(); });
+    // The analysis forgets what it held, as at a context reset, when its last event was replayed.
+    for (const auto& [device, key] : proc.context_key) {
+      Event gone;
+      gone.kind = EventKind::context_reset;
+      gone.device = device;
+      gone.t_ns = run->now;
+      run->analysis.add(source, gone, 0);
+    }
+    proc.outside.clear();
+    proc.context_key.clear();
+    proc.on_device.clear();
   }
 }
 
@@ -491,6 +645,44 @@ void Replayer::finish(const Analysis& recorded) {
       run->analysis.finish(i, devices, 0, true);
     }
   }
+}
+
+Probe probe(const std::vector<std::string>& paths, const ReplayPolicy& policy, ReplayOptions options) {
+  options.policies = {policy};
+  const ReplayOptions::Stop stop = options.stop;
+  Analysis analysis;
+  Replayer replayer(std::move(options));
+  try {
+    analyze(paths, analysis, false, "cupool replay", &replayer);
+  } catch (const Replayer::Stopped&) {
+  }
+  Probe p;
+  p.failure = stop == ReplayOptions::Stop::share_refusal ? replayer.first_refusal(0) : replayer.first_failure(0);
+  for (const auto& [device, peak] : replayer.share_peak(0)) p.share_peak = std::max(p.share_peak, peak);
+  return p;
+}
+
+Smallest smallest_fitting(std::uint64_t upper, std::uint64_t granularity,
+                          const std::function<std::optional<ReplayFailure>(std::uint64_t)>& failure_at) {
+  // Candidates k x granularity for k = 1..steps, the last one clamped to `upper` (known to fit);
+  // k = 0 is taken to fail.
+  const std::uint64_t steps = (upper + granularity - 1) / granularity;
+  auto value = [&](std::uint64_t k) { return std::min(k * granularity, upper); };
+  Smallest out;
+  std::uint64_t fails = 0, fits = steps;
+  while (fits - fails > 1) {
+    const std::uint64_t mid = fails + (fits - fails) / 2;
+    ++out.probes;
+    if (auto failure = failure_at(value(mid))) {
+      fails = mid;
+      out.below = std::move(failure);
+      out.below_value = value(mid);
+    } else {
+      fits = mid;
+    }
+  }
+  out.value = value(fits);
+  return out;
 }
 
 }  // namespace cupool::tools

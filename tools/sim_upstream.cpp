@@ -73,6 +73,71 @@ void SimUpstream::release(std::uint64_t base, std::size_t bytes) {
   free_.emplace(base, size);
 }
 
+UpstreamStatus SimUpstream::reserve_address(std::size_t bytes, std::uint64_t* va) {
+  std::lock_guard lock(mu_);
+  ++counters_.address_reserves;
+  if (bytes == 0 || bytes % granularity_ != 0) return UpstreamStatus::error;
+  *va = next_va_;
+  next_va_ += bytes + granularity_;  // a gap: two ranges are never one
+  vas_.emplace(*va, bytes);
+  return UpstreamStatus::ok;
+}
+
+void SimUpstream::free_address(std::uint64_t va, std::size_t) {
+  std::lock_guard lock(mu_);
+  ++counters_.address_frees;
+  vas_.erase(va);
+}
+
+UpstreamStatus SimUpstream::map(std::uint64_t va, std::size_t bytes, int* driver_code) {
+  std::lock_guard lock(mu_);
+  ++counters_.map_calls;
+  auto fail = [&](UpstreamStatus s) {
+    ++counters_.map_failures;
+    *driver_code = s == UpstreamStatus::out_of_memory ? kOutOfMemoryCode : 999;
+    return s;
+  };
+  if (fail_count_ > 0) {
+    --fail_count_;
+    return fail(fail_status_);
+  }
+  auto range = vas_.upper_bound(va);
+  if (bytes == 0 || bytes % granularity_ != 0 || va % granularity_ != 0 || range == vas_.begin() ||
+      va + bytes > std::prev(range)->first + std::prev(range)->second)
+    return fail(UpstreamStatus::error);
+  for (std::uint64_t g = va; g < va + bytes; g += granularity_)
+    if (mapped_.count(g)) return fail(UpstreamStatus::error);
+  if (bytes + used_ + foreign_ > capacity_) return fail(UpstreamStatus::out_of_memory);
+  for (std::uint64_t g = va; g < va + bytes; g += granularity_) mapped_.insert(g);
+  used_ += bytes;
+  counters_.mapped_bytes += bytes;
+  counters_.total_mapped_bytes += bytes;
+  counters_.peak_mapped_bytes = std::max(counters_.peak_mapped_bytes, counters_.mapped_bytes);
+  *driver_code = 0;
+  return UpstreamStatus::ok;
+}
+
+void SimUpstream::unmap(std::uint64_t va, std::size_t bytes) {
+  std::lock_guard lock(mu_);
+  ++counters_.unmap_calls;
+  for (std::uint64_t g = va; g < va + bytes; g += granularity_) {
+    if (mapped_.erase(g) == 0) {
+      ++counters_.bad_unmaps;
+      continue;
+    }
+    used_ -= granularity_;
+    counters_.mapped_bytes -= granularity_;
+    counters_.total_unmapped_bytes += granularity_;
+  }
+}
+
+bool SimUpstream::is_mapped(std::uint64_t va, std::size_t bytes) const {
+  std::lock_guard lock(mu_);
+  for (std::uint64_t g = va / granularity_ * granularity_; g < va + bytes; g += granularity_)
+    if (!mapped_.count(g)) return false;
+  return true;
+}
+
 void SimUpstream::device_memory(std::size_t* total, std::size_t* free) {
   std::lock_guard lock(mu_);
   if (total) *total = capacity_;

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "upstream.h"
 
@@ -34,8 +35,17 @@ class SimUpstream final : public Upstream {
   bool fence_retired(FenceId fence) override;
   void wait_fence(FenceId fence) override;
   bool capturing() override;
+  // Virtual memory: address space from a region of its own (kVaBase), memory counted as mapped.
+  std::size_t vmm_granularity() override { return granularity_; }
+  UpstreamStatus reserve_address(std::size_t bytes, std::uint64_t* va) override;
+  void free_address(std::uint64_t va, std::size_t bytes) override;
+  UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override;
+  void unmap(std::uint64_t va, std::size_t bytes) override;
+  static constexpr std::uint64_t kVaBase = 0x100000000000ull;  // apart from reserve()'s addresses
+  // Whether every granule of [va, va + bytes) is mapped (tests).
+  bool is_mapped(std::uint64_t va, std::size_t bytes) const;
 
-  // Failure injection: the next `count` reserve() calls fail with `status`.
+  // Failure injection: the next `count` reserve() (or map()) calls fail with `status`.
   void fail_next_reserves(int count, UpstreamStatus status = UpstreamStatus::out_of_memory);
   // Every reserve() of more than `bytes` fails with out_of_memory (0: no such rule).
   void fail_reserves_above(std::size_t bytes);
@@ -61,6 +71,11 @@ class SimUpstream final : public Upstream {
     std::uint64_t synchronizes = 0, fences_placed = 0, fence_polls = 0, fence_waits = 0;
     std::uint64_t bad_releases = 0;  // release() of something reserve() did not return
     std::uint64_t fence_calls_while_capturing = 0;  // place/poll/wait during a capture
+    // Virtual memory: calls and bytes.
+    std::uint64_t map_calls = 0, map_failures = 0, unmap_calls = 0, address_reserves = 0, address_frees = 0;
+    std::uint64_t mapped_bytes = 0, peak_mapped_bytes = 0;
+    std::uint64_t total_mapped_bytes = 0, total_unmapped_bytes = 0;
+    std::uint64_t bad_unmaps = 0;  // unmap() of a granule that was not mapped
   };
   Counters counters() const;
   std::size_t capacity() const { return capacity_; }
@@ -85,6 +100,9 @@ class SimUpstream final : public Upstream {
   bool needs_fences_ = true;
   bool capturing_ = false;
   std::function<void()> reserve_gate_;
+  std::uint64_t next_va_ = kVaBase;
+  std::map<std::uint64_t, std::uint64_t> vas_;    // virtual ranges: base -> size
+  std::set<std::uint64_t> mapped_;                // mapped granules (by address)
   FenceId last_fence_ = 0;
   FenceId completed_ = 0;  // every fence <= completed_ has retired
   Counters counters_;

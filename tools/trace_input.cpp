@@ -32,6 +32,8 @@ TraceInput::TraceInput(const std::string& path) {
   meta_.cmdline = h.cmdline;
   meta_.format_major = h.major;
   meta_.format_minor = h.minor;
+  meta_.start_unix_ns = h.start_unix_ns;
+  meta_.start_mono_ns = h.start_mono_ns;
   meta_.config = decode_config(h.config, &meta_.config_error);
   if (meta_.config) {
     meta_.policy = policy_name(meta_.config->policy);

@@ -23,6 +23,9 @@ struct TraceMeta {
   // nothing when the header's is not one this version knows (config_error says why).
   std::optional<Config> config;
   std::string config_error;
+  // When the trace was opened, by the wall clock and by CLOCK_MONOTONIC (the clock of `t`): an
+  // event's wall-clock time is start_unix_ns + (t - start_mono_ns).
+  std::uint64_t start_unix_ns = 0, start_mono_ns = 0;
   std::string policy;                // config's policy and free mode by name ("" when unknown)
   std::string free_mode;
   std::string label() const;         // "pid 1234 python train.py"

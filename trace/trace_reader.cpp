@@ -57,7 +57,7 @@ constexpr auto kStringStop = [] {
 
 enum class Key : std::uint8_t {
   unknown, type, t, tid, ev, api, path, dev, size, ptr, stream, rc, dur, oom, reserved, in_use, largest_free,
-  quarantined, free_blocks, flags, cached, timed_for, recycled, handle, offset
+  quarantined, free_blocks, flags, cached, timed_for, recycled, handle, offset, granules
 };
 
 // The key names, checked against the schema so the two cannot drift apart.
@@ -67,7 +67,7 @@ static_assert(tk::t == "t" && tk::ev == "ev" && tk::rc == "rc" && tk::tid == "ti
               tk::in_use == "in_use" && tk::reserved == "reserved" && tk::free_blocks == "free_blocks" &&
               tk::quarantined == "quarantined" && tk::largest_free == "largest_free" && tk::flags == "flags" &&
               tk::cached == "cached" && tk::timed_for == "timed_for" && tk::recycled == "recycled" &&
-              tk::handle == "handle" && tk::offset == "offset");
+              tk::handle == "handle" && tk::offset == "offset" && tk::granules == "granules");
 
 // One fixed-size comparison per key instead of a chain of them. k.size() is N - 1 here.
 template <std::size_t N>
@@ -105,7 +105,9 @@ Key key_of(std::string_view k) {
         case 'o': return key_if(k, "offset", Key::offset);
       }
       return Key::unknown;
-    case 8: return k[2] == 's' ? key_if(k, "reserved", Key::reserved) : key_if(k, "recycled", Key::recycled);
+    case 8:
+      if (k[0] == 'g') return key_if(k, "granules", Key::granules);
+      return k[2] == 's' ? key_if(k, "reserved", Key::reserved) : key_if(k, "recycled", Key::recycled);
     case 9: return key_if(k, "timed_for", Key::timed_for);
     case 11: return k[0] == 'f' ? key_if(k, "free_blocks", Key::free_blocks) : key_if(k, "quarantined", Key::quarantined);
     case 12: return key_if(k, "largest_free", Key::largest_free);
@@ -876,6 +878,7 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
   out.stream = 0;
   out.has_flags = false;
   out.recycled = false;
+  out.granules = false;
   out.has_handle = false;
   out.handle = out.offset = 0;
   out.flags = 0;
@@ -986,6 +989,9 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
         break;
       case Key::recycled:
         if (!s.boolean(out.recycled)) bad(key, "true or false");
+        break;
+      case Key::granules:
+        if (!s.boolean(out.granules)) bad(key, "true or false");
         break;
       case Key::flags:
         u64(key, u);

@@ -23,8 +23,10 @@ namespace cupool::trace {
 //      `share_limit`, `share_wait_ns`, `share_access`.
 // 3.1: the footer of a member of a shared budget says how often and how long it waited for room
 //      (`share_waits`, `share_wait_ns`).
+// 3.2: `grow`/`release` of the vmm policy say `"granules":true`: device memory mapped or unmapped
+//      at `ptr` inside the pool's virtual range, not a chunk taken or given back.
 inline constexpr int kFormatMajor = 3;
-inline constexpr int kFormatMinor = 1;
+inline constexpr int kFormatMinor = 2;
 inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
 inline constexpr int kLastMinorOfMajor1 = 1;  // 1.1: the last 1.x
 inline constexpr int kLastMinorOfMajor2 = 2;  // 2.2: the last 2.x
@@ -39,7 +41,7 @@ inline constexpr std::string_view kFormatName = "cupool-trace";
 enum class EventKind : std::uint8_t {
   alloc = 0,      // the program got memory (or was refused: rc != 0)
   free,           // the program gave memory back
-  mem_info,       // cudaMemGetInfo / cuMemGetInfo_v2 answered
+  mem_info,       // cudaMemGetInfo / cuMemGetInfo_v2 / nvmlDeviceGetMemoryInfo(_v2) answered
   vmm_create,     // cuMemCreate: physical memory (counts against the cap)
   vmm_release,    // cuMemRelease
   vmm_map,        // cuMemMap
@@ -149,6 +151,7 @@ struct EventValues {
   bool has_flags = false;
   bool has_handle = false;
   bool recycled = false;       // served by cupool's VMM mapping cache, no driver call (key only when true)
+  bool granules = false;       // grow/release: the vmm policy's granules, not a chunk (key only when true)
   bool operator==(const EventValues&) const = default;
 };
 
@@ -178,6 +181,7 @@ inline Record record_of(const PoolEvent& e) {
   r.tid = e.tid;
   r.device = static_cast<std::int16_t>(e.device);
   r.oom_class = e.oom;
+  r.granules = e.granules;
   r.has_pool = e.has_stats;
   r.pool = e.stats;
   return r;
@@ -209,6 +213,7 @@ inline constexpr std::string_view flags = "flags";
 inline constexpr std::string_view handle = "handle";  // vmm_map: the handle mapped ("0x...")
 inline constexpr std::string_view offset = "offset";  // vmm_map: bytes into the handle
 inline constexpr std::string_view recycled = "recycled";  // true: a VMM call served by the mapping cache
+inline constexpr std::string_view granules = "granules";  // true: grow/release of the vmm policy's granules
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
 }  // namespace key
 

@@ -615,6 +615,10 @@ void TraceWriter::format_event_locked(const trace::Record& r) {
     o.key(tk::recycled);
     o.raw("true");
   }
+  if (r.granules) {
+    o.key(tk::granules);
+    o.raw("true");
+  }
   o.raw("}\n");
   buf_used_ = static_cast<std::size_t>(o.p - buf_.get());
   ++events_;

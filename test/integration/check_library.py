@@ -11,7 +11,7 @@ sanitized = len(sys.argv) > 3 and sys.argv[3] == "sanitized"
 
 listed = set()
 for line in open(hooks_def, encoding="utf-8"):
-    m = re.match(r"\s*CUPOOL_(?:RUNTIME|DRIVER|WORK|LOADER)_HOOK\((\w+)", line)
+    m = re.match(r"\s*CUPOOL_(?:RUNTIME|DRIVER|WORK|LOADER|NVML)_HOOK\((\w+)", line)
     if m:
         listed.add(m.group(1))
 

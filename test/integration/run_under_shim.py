@@ -29,6 +29,8 @@ EXPECTED_PATHS = {
     "prog_last_error": {"symbol"},
     "prog_capture": {"symbol"},
     "prog_arrays": {"symbol", "proc-address"},  # the runtime's arrays come through the driver
+    "prog_nvml": {"symbol"},
+    "prog_nvml_dlopen": {"symbol"},
 }
 
 # Program counts of virtual-memory calls (successful ones) and the trace events that must match.

@@ -1877,6 +1877,18 @@ CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) 
     return CUDA_SUCCESS;
 }
 
+// cuda.h (CUDA 13) declares only the plain name, which the driver's table maps to this one.
+__attribute__((visibility("default"))) CUresult cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+    CHECK_INIT();
+    if (uuid == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (CUresult r = check_dev(dev); r != CUDA_SUCCESS) return r;
+    device_uuid(dev, reinterpret_cast<unsigned char*>(uuid->bytes));
+    return CUDA_SUCCESS;
+}
+
+// No MIG in the sim: the device's UUID, as _v2 gives it.
+CUresult cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+
 // ---------------------------------------------------------------- contexts
 
 CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
@@ -2487,6 +2499,20 @@ CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void*
 // Test hook (not a CUDA function): how many VMM calls (cuMemCreate, cuMemRelease, cuMemAddressReserve,
 // cuMemAddressFree, cuMemMap, cuMemUnmap, cuMemSetAccess) reached the simulated driver.
 __attribute__((visibility("default"))) unsigned long long cupoolSimVmmCalls(void) { return g_vmm_calls.load(); }
+
+// Test hook (not a CUDA function): device `ordinal`'s memory as the whole device sees it, what the
+// simulated NVML (libnvml_sim.cpp) reports. Works before cuInit, as NVML needs no CUDA. 0, or -1
+// when there is no such device.
+__attribute__((visibility("default"))) int cupoolSimDeviceMemory(int ordinal, unsigned long long* total,
+                                                                 unsigned long long* used) {
+    std::call_once(g_init_once, do_init);
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (ordinal < 0 || static_cast<size_t>(ordinal) >= g_st->devs.size()) return -1;
+    const Device& d = g_st->devs[static_cast<size_t>(ordinal)];
+    *total = d.total;
+    *used = d.used;
+    return 0;
+}
 
 // ---------------------------------------------------------------- streams
 
@@ -3271,6 +3297,8 @@ const ProcEntry kProcTable[] = {
     P("cuDeviceTotalMem", 2000, cuDeviceTotalMem),
     P("cuDeviceTotalMem", 3020, cuDeviceTotalMem_v2),
     P("cuDeviceGetAttribute", 2000, cuDeviceGetAttribute),
+    P("cuDeviceGetUuid", 9020, cuDeviceGetUuid),
+    P("cuDeviceGetUuid", 11040, cuDeviceGetUuid_v2),
     P("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     P("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
     P("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),

@@ -41,6 +41,15 @@ inline long env_long(const char* name, long fallback) {
 
 constexpr size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// The UUID of simulated device `ordinal`: what cuDeviceGetUuid(_v2) gives and what the simulated
+// NVML spells out ("GPU-" and 8-4-4-4-12 hex digits), so that both name a device alike.
+inline void device_uuid(int ordinal, unsigned char out[16]) {
+    static const unsigned char base[16] = {0x5c, 0x00, 0x01, 0xc0, 0x51, 0xd0, 0x4e, 0x7a,
+                                           0x9b, 0x3e, 0x60, 0x11, 0xa2, 0x00, 0x00, 0x00};
+    std::memcpy(out, base, 16);
+    out[15] = static_cast<unsigned char>(ordinal);
+}
+
 // Layout of the 64-byte CUipcMemHandle produced by the simulated driver.
 struct IpcHandle {
     uint32_t magic;     // kIpcMagic

@@ -7,6 +7,8 @@ CHECK:
   golden [--update]   report (text, JSON, HTML), replay and export on generated traces against
                       the files in golden/; --update rewrites them (the test then passes)
   replay              the hand-computable replay: numbers checked one by one
+  replay-share        replay of several traces merged on the wall clock against one shared
+                      budget (refusals, the wait's give-back), --min-budget and --min-capacity
   fuzz                malformed traces: a clear message with the line number, exit 3, no crash
   html                the HTML report rendered in headless Chromium: charts drawn, screenshot not
                       blank (exit 77, skipped, when chromium is not installed)
@@ -18,6 +20,9 @@ CHECK:
   input               compressed traces (gzip, zstd: recognised by their bytes) and traces holding
                       bytes that are not UTF-8: every output is valid UTF-8
   perf [--events N]   report's reading speed on a generated trace (CPU time of the child)
+  formats --pickle-probe PATH
+                      export --memory-viz (loaded with pickle, checked against the trace and for
+                      the consistency memory_viz needs) and --rmm-csv; the pickle writer's values
 """
 import argparse
 import gzip
@@ -585,6 +590,15 @@ def cmd_run(opts):
             check(rec[key] == grown[key], f"growth replay of a growth run: {key} {grown[key]} != recorded {rec[key]}")
         cupool("export", "--perfetto", trace, "-o", os.path.join(d, "run.perfetto.json"), check_rc=0)
         json.load(open(os.path.join(d, "run.perfetto.json")))
+        cupool("export", "--memory-viz", trace, "-o", os.path.join(d, "run.pickle"), check_rc=0)
+        import pickle
+        with open(os.path.join(d, "run.pickle"), "rb") as f:
+            check_snapshot(pickle.load(f), "memory-viz of the run's trace")
+        cupool("export", "--rmm-csv", trace, "-o", os.path.join(d, "run.csv"), check_rc=0)
+        rows = open(os.path.join(d, "run.csv")).read().splitlines()
+        check(sum(1 for r in rows if ",allocate," in r) == counts.get("allocs", -1),
+              f"rmm-csv of the run's trace: {sum(1 for r in rows if ',allocate,' in r)} allocations, "
+              f"the program made {counts.get('allocs')}")
 
         # Default trace path: $TMPDIR/cupool-<uid>/run<cupool pid>-<pid>.jsonl, named in the
         # summary: a private directory (0700, ours), a private file (0600) whatever the umask.
@@ -791,13 +805,363 @@ def cmd_perf(opts):
     finish()
 
 
+def check_snapshot(snap, what):
+    """The structure PyTorch's snapshot has, and the consistency memory_viz relies on: each
+    device's entries, applied from an empty device, give exactly the segments and blocks of the
+    snapshot, and every block lies inside a live segment at every step. Returns the final state
+    rebuilt, {device: {segment address: (size, {block address: (requested size, pending)})}}."""
+    ok = check(isinstance(snap, dict) and isinstance(snap.get("segments"), list)
+               and isinstance(snap.get("device_traces"), list), f"{what}: not a snapshot: {type(snap)}")
+    if not ok:
+        return {}
+    seg_keys = {"device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
+                "segment_type", "segment_pool_id", "is_expandable", "frames", "blocks"}
+    for seg in snap["segments"]:
+        check(set(seg) == seg_keys, f"{what}: segment keys {sorted(seg)}")
+        check(seg["segment_pool_id"] == (0, 0) and seg["segment_type"] in ("small", "large"), f"{what}: {seg}")
+        at = seg["address"]
+        for b in seg["blocks"]:
+            check(set(b) == {"address", "size", "requested_size", "state", "frames"}, f"{what}: block keys {sorted(b)}")
+            check(b["address"] == at and b["size"] > 0 and b["requested_size"] <= b["size"],
+                  f"{what}: block {b} does not follow at {at:#x}")
+            check(b["state"] in ("active_allocated", "active_pending_free", "inactive"), f"{what}: state {b['state']}")
+            at += b["size"]
+        check(at == seg["address"] + seg["total_size"], f"{what}: blocks of {seg['address']:#x} do not fill it")
+        alloc = [b for b in seg["blocks"] if b["state"] == "active_allocated"]
+        check(seg["allocated_size"] == sum(b["size"] for b in alloc)
+              and seg["requested_size"] == sum(b["requested_size"] for b in alloc)
+              and seg["active_size"] == sum(b["size"] for b in seg["blocks"] if b["state"] != "inactive"),
+              f"{what}: segment sums {seg['address']:#x}")
+    state = {}
+    for dev, entries in enumerate(snap["device_traces"]):
+        segs = {}  # address -> [size, {block: [requested, pending]}]
+
+        def seg_of(addr):
+            return next((a for a, (size, _) in segs.items() if a <= addr < a + size), None)
+
+        for i, e in enumerate(entries):
+            act = e["action"]
+            where = f"{what}: device {dev} entry {i} {e}"
+            check(set(e) == {"action", "addr" if act != "oom" else "device_free", "size", "stream", "time_us", "frames"},
+                  where + ": keys")
+            if act in ("segment_alloc", "segment_map"):
+                check(all(not (a < e["addr"] + e["size"] and e["addr"] < a + sz) for a, (sz, _) in segs.items()),
+                      where + ": overlaps a live segment")
+                segs[e["addr"]] = [e["size"], {}]
+            elif act in ("segment_free", "segment_unmap"):
+                ok = check(e["addr"] in segs and not segs[e["addr"]][1], where + ": not a live, empty segment")
+                if ok:
+                    del segs[e["addr"]]
+            elif act == "alloc":
+                s_addr = seg_of(e["addr"])
+                if check(s_addr is not None, where + ": outside every segment"):
+                    segs[s_addr][1][e["addr"]] = [e["size"], False]
+            elif act in ("free_requested", "free_completed"):
+                s_addr = seg_of(e["addr"])
+                blocks = segs[s_addr][1] if s_addr is not None else {}
+                if check(e["addr"] in blocks and blocks[e["addr"]][0] == e["size"], where + ": no such block"):
+                    if act == "free_requested":
+                        check(not blocks[e["addr"]][1], where + ": freed twice")
+                        blocks[e["addr"]][1] = True
+                    else:
+                        check(blocks[e["addr"]][1], where + ": completed before it was requested")
+                        del blocks[e["addr"]]
+            elif act == "oom":
+                check(e["device_free"] >= 0 and e["size"] > 0, where)
+            else:
+                check(False, where + ": unknown action")
+        want = {s["address"]: (s["total_size"], {b["address"]: (b["requested_size"], b["state"] == "active_pending_free")
+                                                 for b in s["blocks"] if b["state"] != "inactive"})
+                for s in snap["segments"] if s["device"] == dev}
+        got = {a: (sz, {b: tuple(v) for b, v in blocks.items()}) for a, (sz, blocks) in segs.items()}
+        check(got == want, f"{what}: device {dev}: the entries do not lead to the snapshot's segments")
+        state[dev] = got
+    return state
+
+
+def trace_lines(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def cmd_formats(opts):
+    """export --memory-viz and --rmm-csv, checked against the traces they come from."""
+    import pickle
+    MiB = 1 << 20
+    # The pickle writer: every kind of value, under protocols 2, 3 and 4.
+    for proto in (2, 3, 4):
+        raw = subprocess.run([opts.pickle_probe, str(proto)], capture_output=True, check=True).stdout
+        check(raw[:2] == bytes([0x80, proto]), f"pickle protocol {proto}: header {raw[:2]!r}")
+        v = pickle.loads(raw)
+        check(v["ints"] == [0, 1, 255, 256, 65535, 65536, -1, -128, -129, 2**31 - 1, -2**31, 2**31, -2**31 - 1,
+                            2**63 - 1, -2**63, 2**40, -2**40], f"protocol {proto}: ints {v['ints']}")
+        check(v["unsigned"] == [0, 2**63 - 1, 2**63, 2**64 - 1, 0x7f0000000000], f"protocol {proto}: {v['unsigned']}")
+        check(v["floats"] == [0.0, -1.5, 3.141592653589793, 1e300], f"protocol {proto}: floats {v['floats']}")
+        check(v["other"] == [True, False, None, (1, 2), "", "h\u00e9llo \u20ac", "x" * 300],
+              f"protocol {proto}: {v['other'][:6]}")
+        check(len(v["many"]) == 2500 and all(d == {"key%d" % (i % 300): i, "same": "value"}
+                                              for i, d in enumerate(v["many"])), f"protocol {proto}: many")
+
+    with tempfile.TemporaryDirectory() as d:
+        cupool = Cupool(opts.cupool, d)
+        gen(opts, "pool", os.path.join(d, "pool.jsonl"))
+        gen(opts, "training", os.path.join(d, "training.jsonl"))
+        gen(opts, "passthrough", os.path.join(d, "passthrough.jsonl"))
+        gen(opts, "interleaved", os.path.join(d, "interleaved.jsonl"))
+        for i in (1, 2, 3):
+            gen(opts, "rank", os.path.join(d, f"rank{i}.jsonl"), "--pid", str(100 + i), "--seed", str(i))
+
+        def export(fmt, *traces, extra=()):
+            out = os.path.join(d, "out." + fmt)
+            cupool("export", "--" + fmt, *traces, "-o", out, "--no-progress", *extra, check_rc=0)
+            return out
+
+        def snapshot(*traces, extra=()):
+            with open(export("memory-viz", *traces, extra=extra), "rb") as f:
+                return pickle.load(f)
+
+        # The pool scenario, whose blocks lie in its chunks: numbers against the trace.
+        lines = trace_lines(os.path.join(d, "pool.jsonl"))
+        events = [x for x in lines if x["type"] == "event"]
+        snap = snapshot("pool.jsonl")
+        state = check_snapshot(snap, "pool")
+        check(len(snap["device_traces"]) == 2, f"pool: {len(snap['device_traces'])} device traces, expected 2")
+        for dev in (0, 1):
+            ev = [x for x in events if x["dev"] == dev]
+            entries = snap["device_traces"][dev]
+            count = lambda act: sum(1 for e in entries if e["action"] == act)
+            allocs = [x for x in ev if x["ev"] == "alloc" and x["rc"] == 0]
+            maps = [x for x in ev if x["ev"] == "vmm_map"]
+            frees = [x for x in ev if x["ev"] == "free"]
+            unmaps = [x for x in ev if x["ev"] == "vmm_unmap"]
+            check(count("alloc") == len(allocs) + len(maps), f"pool device {dev}: {count('alloc')} alloc entries, "
+                  f"expected {len(allocs)} allocations + {len(maps)} mappings")
+            check([(e["addr"], e["size"]) for e in entries if e["action"] == "alloc"]
+                  == [(int(x["ptr"], 16), x["size"]) for x in ev if (x["ev"] == "alloc" and x["rc"] == 0) or x["ev"] == "vmm_map"],
+                  f"pool device {dev}: alloc entries differ from the trace's allocations")
+            check(count("free_requested") == len(frees) + len(unmaps), f"pool device {dev}: free_requested")
+            # The pool's reserved bytes at the end, and what it does not serve, are the segments.
+            last_pool = [x for x in ev if "reserved" in x][-1]
+            live_outside = {int(x["ptr"], 16): x["size"] for x in allocs if "reserved" not in x}
+            for x in frees:
+                live_outside.pop(int(x["ptr"], 16), None)
+            mapped = sum(x["size"] for x in maps) - sum(x["size"] for x in unmaps)
+            total = sum(s["total_size"] for s in snap["segments"] if s["device"] == dev)
+            check(total == last_pool["reserved"] + sum(live_outside.values()) + mapped,
+                  f"pool device {dev}: segments hold {total}, the trace {last_pool['reserved']} reserved + "
+                  f"{sum(live_outside.values())} outside + {mapped} mapped")
+            in_use = sum(b["size"] for s in snap["segments"] if s["device"] == dev and not s["is_expandable"]
+                         and s["address"] not in live_outside for b in s["blocks"] if b["state"] == "active_allocated")
+            check(in_use == last_pool["in_use"], f"pool device {dev}: blocks in use {in_use} != {last_pool['in_use']}")
+            pending = sum(b["size"] for s in snap["segments"] if s["device"] == dev for b in s["blocks"]
+                          if b["state"] == "active_pending_free")
+            check(pending == last_pool["quarantined"], f"pool device {dev}: pending {pending} != {last_pool['quarantined']}")
+            check(count("segment_alloc") == sum(1 for x in ev if x["ev"] == "grow") + sum(1 for x in allocs if "reserved" not in x)
+                  and count("segment_free") == sum(1 for x in ev if x["ev"] == "release") + sum(
+                      1 for x in frees if int(x["ptr"], 16) in {int(a["ptr"], 16) for a in allocs if "reserved" not in a}),
+                  f"pool device {dev}: segment entries")
+            check(count("segment_map") == len(maps) and count("segment_unmap") == len(unmaps), f"pool device {dev}: maps")
+        # Deferred frees: requested, completed later, one still waiting at the end.
+        e0 = snap["device_traces"][0]
+        apart = sum(1 for i, e in enumerate(e0) if e["action"] == "free_requested"
+                    and not (i + 1 < len(e0) and e0[i + 1]["action"] == "free_completed" and e0[i + 1]["addr"] == e["addr"]))
+        check(apart == 17, f"pool: {apart} frees waited for a fence, expected 17 (16 in 4 steps and the last)")
+        check(sum(1 for s in snap["segments"] for b in s["blocks"] if b["state"] == "active_pending_free") == 1,
+              "pool: one block should wait for its fence at the end")
+        check(any(s["is_expandable"] and s["total_size"] == 2 * MiB for s in snap["segments"]), "pool: no mapping left")
+        oom = [e for e in e0 if e["action"] == "oom"]
+        reserved_at_oom = [x for x in events if x["ev"] == "oom"][0]["reserved"] + 3 * MiB + 100 + 2 * MiB * 2 - 2 * MiB
+        check(len(oom) == 1 and oom[0]["size"] == 6 << 30 and oom[0]["device_free"] == (4 << 30) - reserved_at_oom,
+              f"pool: oom {oom}, expected 6 GiB with {(4 << 30) - reserved_at_oom} free under the 4 GiB cap")
+        header = lines[0]
+        first = events[0]
+        check(e0[0]["time_us"] == (header["start_unix_ns"] + first["t"] - header["start_mono_ns"]) // 1000,
+              f"pool: time_us {e0[0]['time_us']} is not the wall-clock time in microseconds")
+        check(snap["cupool"]["devices"][0]["trace"] == "pool.jsonl", f"pool: {snap['cupool']}")
+
+        # --max-entries keeps the last entries: the page undoes them from the same end state.
+        short = snapshot("pool.jsonl", extra=("--max-entries", "20"))
+        check(len(short["device_traces"][0]) == 20 and short["device_traces"][0] == e0[-20:]
+              and short["segments"] == snap["segments"], "pool --max-entries 20: not the last 20 entries")
+        check(short["cupool"]["devices"][0]["entries_left_out"] == len(e0) - 20, "pool --max-entries: count left out")
+
+        # A trace without pool (passthrough): every allocation is a segment of its own.
+        snap = snapshot("passthrough.jsonl")
+        check_snapshot(snap, "passthrough")
+        e0 = snap["device_traces"][0]
+        allocs = sum(1 for x in trace_lines(os.path.join(d, "passthrough.jsonl")) if x.get("ev") == "alloc" and x["rc"] == 0)
+        check(sum(1 for e in e0 if e["action"] == "segment_alloc") == allocs == sum(1 for e in e0 if e["action"] == "alloc"),
+              "passthrough: one segment per allocation")
+        check(not snap["segments"] and sum(1 for e in e0 if e["action"] == "segment_free") == allocs,
+              "passthrough: everything was freed")
+        check(sum(1 for e in e0 if e["action"] == "oom") == 1, "passthrough: the driver's refusal is an oom entry")
+
+        # The toy pool of the other scenarios places blocks outside its chunks: still consistent.
+        check_snapshot(snapshot("training.jsonl"), "training")
+        snap = snapshot("interleaved.jsonl")
+        check_snapshot(snap, "interleaved")
+        acts = [e["action"] for e in snap["device_traces"][0]]
+        check(acts.count("alloc") == 2 and acts.count("free_completed") == 1, f"interleaved: {acts}")
+        # Several processes: one snapshot device per process and device.
+        snap = snapshot("rank1.jsonl", "rank2.jsonl", "rank3.jsonl")
+        check_snapshot(snap, "ranks")
+        check(len(snap["device_traces"]) == 3 and [x["pid"] for x in snap["cupool"]["devices"]] == [101, 102, 103],
+              f"ranks: {snap['cupool']}")
+
+        # RMM's log: header, formats, every free after its allocation with the same size.
+        time_re = re.compile(r"\d\d:\d\d:\d\d\.\d{6}")
+        for traces in (["pool.jsonl"], ["training.jsonl"], ["interleaved.jsonl"], ["rank1.jsonl", "rank2.jsonl"]):
+            text = open(export("rmm-csv", *traces)).read()
+            rows = text.splitlines()
+            check(rows[0] == "Thread,Time,Action,Pointer,Size,Stream", f"rmm {traces}: header {rows[0]}")
+            live = {}
+            counts = {"allocate": 0, "free": 0, "allocate failure": 0}
+            for row in rows[1:]:
+                f = row.split(",")
+                if not check(len(f) == 6 and f[2] in counts and time_re.fullmatch(f[1]) and f[0].isdigit()
+                             and re.fullmatch(r"0|0x[0-9a-f]+", f[5]) and f[4].isdigit(), f"rmm {traces}: row {row!r}"):
+                    continue
+                counts[f[2]] += 1
+                if f[2] == "allocate":
+                    check(re.fullmatch(r"0x[0-9a-f]+", f[3]) and f[3] not in live, f"rmm {traces}: {row}")
+                    live[f[3]] = f[4]
+                elif f[2] == "free":
+                    check(live.pop(f[3], None) == f[4], f"rmm {traces}: free without its allocation: {row}")
+                else:
+                    check(f[3] == "(nil)", f"rmm {traces}: {row}")
+            ev = [x for t in traces for x in trace_lines(os.path.join(d, t)) if x["type"] == "event"]
+            allocs = sum(1 for x in ev if x["ev"] in ("alloc", "vmm_create") and x["rc"] == 0)
+            failed = sum(1 for x in ev if x["ev"] == "alloc" and x["rc"] != 0)
+            check(counts["allocate"] == allocs and counts["allocate failure"] == failed,
+                  f"rmm {traces}: {counts}, expected {allocs} allocations, {failed} failed")
+            frees = sum(1 for x in ev if x["ev"] in ("free", "vmm_release") and x["rc"] == 0)
+            check(counts["free"] == frees, f"rmm {traces}: {counts['free']} frees, expected {frees}")
+        pool_rows = open(export("rmm-csv", "pool.jsonl")).read().splitlines()
+        check("4242,22:13:20.000002,allocate,0x7f0000000000,%d,0" % [x for x in trace_lines(
+            os.path.join(d, "pool.jsonl")) if x.get("ev") == "alloc"][0]["size"] == pool_rows[1],
+            f"rmm pool: first row {pool_rows[1]}")
+        check(any(r.endswith(",0x5000") for r in pool_rows), "rmm pool: the stream of the second stream's allocations")
+
+        # Usage: one format at a time, options of other formats refused.
+        cupool("export", "--memory-viz", "--rmm-csv", "pool.jsonl", "-o", "x", check_rc=2)
+        cupool("export", "--rmm-csv", "pool.jsonl", "-o", "x", "--slow", "1ms", check_rc=2)
+        cupool("export", "--perfetto", "pool.jsonl", "-o", "x", "--max-entries", "5", check_rc=2)
+        cupool("export", "--memory-viz", "pool.jsonl", "-o", "x", "--max-entries", "0", check_rc=2)
+        # A broken line: FILE:LINE named, exit 3, the previous file kept.
+        with open(os.path.join(d, "broken.jsonl"), "w") as f:
+            f.writelines(open(os.path.join(d, "pool.jsonl")).readlines()[:10])
+            f.write('{"type":"event","t":oops}\n')
+            f.write(open(os.path.join(d, "pool.jsonl")).readlines()[-1])
+        for fmt in ("memory-viz", "rmm-csv"):
+            with open(os.path.join(d, "kept"), "w") as f:
+                f.write("before\n")
+            p = cupool("export", "--" + fmt, "broken.jsonl", "-o", "kept")
+            check(p.returncode == 3 and "broken.jsonl:11:" in p.stderr, f"{fmt} of a broken trace: {p.returncode} {p.stderr}")
+            check(open(os.path.join(d, "kept")).read() == "before\n", f"{fmt}: a failed export replaced the file")
+    finish()
+
+
+def cmd_replay_share(opts):
+    """replay --share-limit / --share-wait / --min-budget / --min-capacity on hand-computable
+    traces (gen_trace.py share-a, share-b, frag); every number derived in the comments."""
+    MiB = 1 << 20
+    with tempfile.TemporaryDirectory() as d:
+        for scenario, pid in (("share-a", "1"), ("share-b", "2"), ("frag", "3")):
+            gen(opts, scenario, os.path.join(d, scenario + ".jsonl"), "--pid", pid)
+        cupool = Cupool(opts.cupool, d)
+        # Growth chunks of exactly what is asked (2 MiB steps that never double).
+        chunks = ("--growth-chunk", "2MiB", "--growth-chunk-max", "2MiB")
+        two = ("share-a.jsonl", "share-b.jsonl")
+
+        def policies(*args, rc):
+            r = json.loads(cupool("replay", "--json", "--no-progress", *two, *chunks, *args, check_rc=rc).stdout)
+            return {x["policy"]: x for x in r["policies"]}
+
+        # On the wall clock: a allocates 6 MiB at 1 ms and frees it at 3 (growth keeps its chunk),
+        # b allocates 4 MiB at 5 and frees it at 7 (and exits), a allocates 6 MiB again at 9.
+        # Under growth, b's 4 MiB comes while a's pool holds its free 6 MiB chunk: 6 + 4 = 10 > 8,
+        # refused, with a holding 6 MiB and b nothing. a then reuses its chunk: the peak held is 6.
+        # (Merged by the monotonic `t`, of another boot in each trace, b would come after a exited.)
+        g = policies("--policy", "growth,passthrough", "--share-limit", "8MiB", rc=1)
+        share = g["growth"]["share"]
+        first = share["first_refusal"]
+        check(share["refusals"] == 1, f"growth, budget 8 MiB: {share['refusals']} refusals, expected 1")
+        check(share["peak"] == {"0": 6 * MiB}, f"growth, budget 8 MiB: peak held {share['peak']}, expected 6 MiB")
+        check(first is not None and first["trace"] == "share-b.jsonl" and first["size"] == 4 * MiB
+              and first["class"] == "share" and first["t"] == 4_000_000 and first["line"] == 3,
+              f"growth, budget 8 MiB: first refusal {first}")
+        check(first is not None and first.get("held") == [{"trace": "share-a.jsonl", "bytes": 6 * MiB},
+                                                          {"trace": "share-b.jsonl", "bytes": 0}],
+              f"growth, budget 8 MiB: held at the first refusal {first and first.get('held')}")
+        # Passthrough holds only what is live: 6, then 4, then 6 MiB: never refused.
+        check(g["passthrough"]["share"]["refusals"] == 0 and g["passthrough"]["share"]["peak"] == {"0": 6 * MiB},
+              f"passthrough, budget 8 MiB: {g['passthrough']['share']}")
+
+        # With a wait, b's refusal makes a give its wholly free chunk back: b gets its 4 MiB.
+        g = policies("--policy", "growth", "--share-limit", "8MiB", "--share-wait", "1s", rc=0)
+        check(g["growth"]["share"]["refusals"] == 0 and g["growth"]["share"]["first_refusal"] is None,
+              f"growth, budget 8 MiB with a wait: {g['growth']['share']}")
+
+        # The smallest budget. Growth with no wait: a's idle 6 MiB and b's 4 MiB at once, 10 MiB
+        # (the sum of their peaks); at 8 MiB b is refused as above. With a wait: 6 MiB, the larger
+        # peak (a gives back for b; b has exited when a allocates again); at 4 MiB a's first 6 MiB
+        # is refused, with nobody to give back. Passthrough: 6 MiB either way (the peaks do not
+        # coincide), refused at 4 MiB likewise.
+        g = policies("--policy", "growth,passthrough", "--min-budget", rc=0)
+        for name, want, below, size in (("growth", 10, 8, 4), ("passthrough", 6, 4, 6)):
+            m = g[name]["min_budget"]
+            check(m["bytes"] == want * MiB and m["below"] and m["below"]["bytes"] == below * MiB
+                  and m["below"]["failure"]["size"] == size * MiB and m["below"]["failure"]["class"] == "share",
+                  f"{name}: smallest budget {m}, expected {want} MiB, {size} MiB refused at {below} MiB")
+        check(g["growth"]["min_budget"]["upper"] == 10 * MiB, f"growth: peak held {g['growth']['min_budget']['upper']}")
+        g = policies("--policy", "growth", "--min-budget", "--share-wait", "1s", rc=0)
+        m = g["growth"]["min_budget"]
+        check(m["bytes"] == 6 * MiB and m["below"]["bytes"] == 4 * MiB and m["below"]["failure"]["trace"] == "share-a.jsonl",
+              f"growth with a wait: smallest budget {m}, expected 6 MiB (a's 6 MiB refused at 4)")
+        p = cupool("replay", "--no-progress", *two, *chunks, "--policy", "growth", "--min-budget", check_rc=0)
+        check("growth: 10.0 MiB (peak held with no limit 10.0 MiB)" in p.stdout, f"min-budget text:\n{p.stdout}")
+
+        # The smallest device (frag: 1 MiB a, 1 MiB b, free b, 2 MiB c; peak live a + c = 3 MiB),
+        # on its recorded 3 MiB device. Passthrough fits: a, then c right after it, 3 MiB; at
+        # 2 MiB c does not fit. Growth takes a 2 MiB chunk for a and b; b's free leaves 1 MiB in
+        # it, not the 2 MiB c needs, and a second chunk does not fit in 3 MiB: growth does not
+        # fit the recorded device (exit 1). On a 16 MiB device it needs 4 MiB, 1 MiB more than
+        # the live bytes: what fragmentation costs it.
+        r = json.loads(cupool("replay", "--json", "--no-progress", "frag.jsonl", *chunks, "--policy",
+                              "growth,passthrough", "--min-capacity", check_rc=1).stdout)
+        g = {x["policy"]: x["min_capacity"] for x in r["policies"]}
+        check(g["passthrough"]["fits"] and g["passthrough"]["bytes"] == 3 * MiB
+              and g["passthrough"]["peak_requested"] == 3 * MiB and g["passthrough"]["below"]["bytes"] == 2 * MiB
+              and g["passthrough"]["below"]["failure"]["size"] == 2 * MiB,
+              f"passthrough smallest device {g['passthrough']}, expected 3 MiB")
+        check(not g["growth"]["fits"] and g["growth"]["bytes"] is None and g["growth"]["failure"]["size"] == 2 * MiB
+              and g["growth"]["failure"]["class"] == "device" and g["growth"]["failure"]["line"] == 6,
+              f"growth on the recorded 3 MiB device: {g['growth']}")
+        p = cupool("replay", "--no-progress", "frag.jsonl", *chunks, "--policy", "growth", "--min-capacity", check_rc=1)
+        check("growth: does not fit the recorded 3.00 MiB" in p.stdout, f"min-capacity text:\n{p.stdout}")
+        r = json.loads(cupool("replay", "--json", "--no-progress", "frag.jsonl", *chunks, "--policy", "growth",
+                              "--capacity", "16MiB", "--min-capacity", check_rc=0).stdout)
+        m = r["policies"][0]["min_capacity"]
+        check(m["fits"] and m["bytes"] == 4 * MiB and m["peak_requested"] == 3 * MiB and m["below"]["bytes"] == 2 * MiB
+              and m["below"]["failure"]["size"] == 2 * MiB, f"growth smallest device on 16 MiB: {m}, expected 4 MiB")
+
+        # Usage errors.
+        cupool("replay", "frag.jsonl", "--share-wait", "1s", check_rc=2)
+        cupool("replay", "frag.jsonl", "--share-limit", "lots", check_rc=2)
+        p = subprocess.run([opts.cupool, "replay", "-", "--min-capacity"], cwd=d, capture_output=True, text=True,
+                           stdin=open(os.path.join(d, "frag.jsonl")), timeout=300)
+        check(p.returncode == 2, f"--min-capacity from standard input: exit {p.returncode}, expected 2")
+    finish()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cupool", required=True)
     ap.add_argument("--gen", default=os.path.join(HERE, "gen_trace.py"))
     ap.add_argument("--golden", default=os.path.join(HERE, "golden"))
     ap.add_argument("--keep", help="copy screenshots and failing fuzz cases here")
-    ap.add_argument("check", choices=["golden", "replay", "fuzz", "html", "run", "cli", "input", "perf"])
+    ap.add_argument("check", choices=["golden", "replay", "fuzz", "html", "run", "cli", "input", "perf", "formats",
+                                       "replay-share"])
+    ap.add_argument("--pickle-probe", help="formats: test/tools/pickle_probe, built")
     ap.add_argument("--update", action="store_true")
     ap.add_argument("--iterations", type=int, default=300)
     ap.add_argument("--shim")
@@ -812,7 +1176,8 @@ def main():
         if getattr(opts, name):
             setattr(opts, name, os.path.abspath(getattr(opts, name)))
     {"golden": cmd_golden, "replay": cmd_replay, "fuzz": cmd_fuzz, "html": cmd_html, "run": cmd_run, "cli": cmd_cli,
-     "input": cmd_input, "perf": cmd_perf}[opts.check](opts)
+     "input": cmd_input, "perf": cmd_perf, "formats": cmd_formats,
+     "replay-share": cmd_replay_share}[opts.check](opts)
 
 
 if __name__ == "__main__":

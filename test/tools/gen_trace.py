@@ -13,6 +13,14 @@ Scenarios:
   interleaved  a free written before its allocation (two threads' buffers drained out of order)
   killed       like rank, without a footer (the process was killed)
   big          --events N allocation/free events of a growth pool, for the speed test
+  share-a      with share-b: two processes whose clocks are of different boots (they meet by
+  share-b      the wall clock), each allocating and freeing in turn (replay --share-limit)
+  frag         1 MiB, 1 MiB, free the second, 2 MiB, on a device of 3 MiB (replay --min-capacity)
+  pool         a growth pool that places its blocks in its chunks (first fit, 512-byte blocks) on
+               two devices: deferred frees held for fences once a second stream exists, a chunk
+               given back, allocations outside the pool (managed memory), virtual-memory
+               mappings, an out-of-memory; some blocks live and one waiting for its fence at the
+               end (for the exports that rebuild the pool's chunks: export --memory-viz)
 The pool model here only has to be self-consistent; the real pool is core/device_pool.cpp.
 """
 import argparse
@@ -57,15 +65,16 @@ class Pool:
 
 
 class Writer:
-    def __init__(self, out, pid, cmdline, config, t0=1_000_000_000):
+    def __init__(self, out, pid, cmdline, config, t0=1_000_000_000, version="1.0",
+                 start_unix=1_700_000_000_000_000_000):
         self.out = out
         self.t = t0
         self.events = 0
         self.allocs = self.frees = self.ooms = 0
         self.pid = pid
-        header = {"type": "header", "format": "cupool-trace", "version": "1.0", "cupool_version": "0.1.0",
+        header = {"type": "header", "format": "cupool-trace", "version": version, "cupool_version": "0.1.0",
                   "pid": pid, "ppid": 1, "host": "testhost", "cmdline": cmdline,
-                  "start_unix_ns": 1_700_000_000_000_000_000, "start_mono_ns": t0, "config": config}
+                  "start_unix_ns": start_unix, "start_mono_ns": t0, "config": config}
         self.devices = []
         self.line(header)
 
@@ -77,7 +86,7 @@ class Writer:
         self.line({"type": "device", "t": self.t, "index": index, "name": name, "total_bytes": total})
 
     def event(self, ev, api="", path="none", dev=0, size=0, ptr=0, rc=0, dur=0, tid=None,
-              pool=None, oom=None, stream=None):
+              pool=None, oom=None, stream=None, extra=None):
         o = {"type": "event", "t": self.t, "tid": tid or self.pid, "ev": ev, "api": api, "path": path,
              "dev": dev, "size": size, "ptr": "0x%x" % ptr}
         if stream is not None:
@@ -88,6 +97,8 @@ class Writer:
             o["oom"] = oom
         if pool:
             o.update(pool)
+        if extra:
+            o.update(extra)
         self.line(o)
         self.events += 1
         if ev == "alloc":
@@ -181,6 +192,169 @@ def training(w, pooled, rng, steps=40, oom_at_end=True):
         free(p)
 
 
+class ChunkPool:
+    """A growth pool that places blocks inside its chunks, first fit, in 512-byte units, with
+    deferred frees held until a fence retires (in batches, oldest first)."""
+
+    def __init__(self, w, dev, base):
+        self.w, self.dev = w, dev
+        self.chunks = []  # [addr, size]
+        self.free = []  # [addr, size] free ranges
+        self.live = {}  # addr -> (rounded, requested)
+        self.held = []  # addresses waiting for a fence, oldest first
+        self.next_base = base
+        self.step = 2 * MiB
+        self.fences = False  # a second stream exists: frees wait for fences
+
+    def state(self):
+        reserved = sum(c[1] for c in self.chunks)
+        in_use = sum(r for a, (r, q) in self.live.items() if a not in self.held)
+        quarantined = sum(self.live[a][0] for a in self.held)
+        largest = max((f[1] for f in self.free), default=0)
+        return {"reserved": reserved, "in_use": in_use, "largest_free": largest, "quarantined": quarantined,
+                "free_blocks": len(self.free)}
+
+    def _take(self, size):
+        for f in sorted(self.free):
+            if f[1] >= size:
+                addr = f[0]
+                self.free.remove(f)
+                if f[1] > size:
+                    self.free.append([addr + size, f[1] - size])
+                return addr
+        return 0
+
+    def _give(self, addr, size):
+        self.free.append([addr, size])
+        self.free.sort()
+        merged = []
+        for f in self.free:  # coalesce neighbours (within a chunk: chunks are never adjacent here)
+            if merged and merged[-1][0] + merged[-1][1] == f[0]:
+                merged[-1][1] += f[1]
+            else:
+                merged.append(f)
+        self.free = merged
+
+    def alloc(self, size, api="cudaMalloc", stream=0):
+        w = self.w
+        rounded = max(1, (size + 511) // 512) * 512
+        w.t += 2_000
+        addr = self._take(rounded)
+        if not addr:
+            chunk = max(self.step, (rounded + 2 * MiB - 1) // (2 * MiB) * (2 * MiB))
+            self.step = min(self.step * 2, 64 * MiB)
+            base = self.next_base
+            self.next_base += chunk + 2 * MiB  # a gap: chunks are never adjacent
+            self.chunks.append([base, chunk])
+            self._give(base, chunk)
+            w.event("grow", dev=self.dev, size=chunk, ptr=base, dur=50_000, pool=self.state())
+            addr = self._take(rounded)
+        self.live[addr] = (rounded, size)
+        w.event("alloc", api=api, path="symbol", dev=self.dev, size=size, ptr=addr, dur=700, pool=self.state(),
+                stream=stream)
+        return addr
+
+    def free_(self, addr):
+        w = self.w
+        w.t += 1_500
+        if self.fences:
+            self.held.append(addr)
+        else:
+            rounded, _ = self.live.pop(addr)
+            self._give(addr, rounded)
+        w.event("free", api="cudaFree", path="symbol", dev=self.dev, ptr=addr, dur=400, pool=self.state())
+
+    def retire(self, n):
+        """A fence retired: the n oldest held blocks are free again."""
+        w = self.w
+        w.t += 1_000
+        batch, self.held = self.held[:n], self.held[n:]
+        size = 0
+        for a in batch:
+            rounded, _ = self.live.pop(a)
+            size += rounded
+            self._give(a, rounded)
+        w.event("fence_retired", dev=self.dev, size=size, dur=2_000, pool=self.state())
+
+    def release_empty(self):
+        """Give back the last chunk when it is wholly free."""
+        w = self.w
+        for c in reversed(self.chunks):
+            if [c[0], c[1]] in self.free:
+                self.free.remove([c[0], c[1]])
+                self.chunks.remove(c)
+                w.t += 1_000
+                w.event("release", dev=self.dev, size=c[1], ptr=c[0], dur=30_000, pool=self.state())
+                return c
+        return None
+
+
+def pool_scenario(w, rng):
+    pools = [ChunkPool(w, 0, 0x7F0000000000), ChunkPool(w, 1, 0x7E0000000000)]
+    p0, p1 = pools
+    params = [p0.alloc((1 + rng.below(4)) * MiB + rng.below(5000)) for _ in range(6)]
+    for step in range(8):
+        w.t += 100_000
+        acts = [p0.alloc((1 + rng.below(16)) * 64 * 1024 + rng.below(999)) for _ in range(5 + rng.below(4))]
+        for i, a in enumerate(acts):
+            if i % 2 == 0:
+                p0.free_(a)
+        for i, a in enumerate(acts):
+            if i % 2 == 1:
+                p0.free_(a)
+    # A large block in a chunk of its own, then freed: the chunk is given back.
+    big = p0.alloc(40 * MiB)
+    p0.free_(big)
+    released = p0.release_empty()
+    assert released is not None
+    # Managed memory: not served by the pool (no pool fields), held outside it.
+    w.t += 5_000
+    managed = 0x7D0000000000
+    w.event("alloc", api="cudaMallocManaged", path="symbol", dev=0, size=3 * MiB + 100, ptr=managed, dur=9_000)
+    w.t += 5_000
+    w.event("alloc", api="cudaMallocManaged", path="symbol", dev=0, size=MiB, ptr=managed + 4 * MiB, dur=9_000)
+    w.t += 5_000
+    w.event("free", api="cudaFree", path="symbol", dev=0, ptr=managed + 4 * MiB, dur=5_000)
+    # Virtual memory (PyTorch's expandable segments): two handles mapped into one reservation,
+    # the second unmapped and released again.
+    va, h1, h2 = 0x7C0000000000, 0xA1, 0xA2
+    for h in (h1, h2):
+        w.t += 5_000
+        w.event("vmm_create", api="cuMemCreate", path="proc-address", dev=0, size=2 * MiB, ptr=h, dur=20_000)
+    w.t += 5_000
+    w.event("va_reserve", api="cuMemAddressReserve", path="proc-address", dev=0, size=64 * MiB, ptr=va, dur=3_000)
+    for i, h in enumerate((h1, h2)):
+        w.t += 5_000
+        w.event("vmm_map", api="cuMemMap", path="proc-address", dev=0, size=2 * MiB, ptr=va + i * 2 * MiB, dur=3_000,
+                extra={"handle": "0x%x" % h, "offset": 0})
+    w.t += 5_000
+    w.event("vmm_unmap", api="cuMemUnmap", path="proc-address", dev=0, size=2 * MiB, ptr=va + 2 * MiB, dur=3_000)
+    w.t += 5_000
+    w.event("vmm_release", api="cuMemRelease", path="proc-address", dev=0, size=0, ptr=h2, dur=3_000)
+    # A second stream: from now on frees wait for fences.
+    w.t += 5_000
+    w.event("stream_create", api="cudaStreamCreateWithFlags", path="symbol", dev=0, stream=0x5000, dur=4_000,
+            extra={"flags": 1})
+    p0.fences = True
+    for step in range(4):
+        acts = [p0.alloc((1 + rng.below(8)) * 128 * 1024, stream=0x5000) for _ in range(4)]
+        for a in acts:
+            p0.free_(a)
+        p0.retire(3)  # one stays behind each step, until the next fence
+    w.t += 1_000
+    last = p0.alloc(MiB + 7)
+    p0.free_(last)  # still waiting for its fence when the trace ends
+    p0.retire(len(p0.held) - 1)
+    # Out of memory under the cap: the pool's event, then the program's failed call.
+    w.t += 10_000
+    w.event("oom", dev=0, size=6 * GiB, dur=5_000, oom="limit", pool=p0.state(), rc=2)
+    w.event("alloc", api="cudaMalloc", path="symbol", dev=0, size=6 * GiB, ptr=0, rc=2, dur=5_500, pool=p0.state())
+    # Device 1: a few blocks, one freed.
+    d1 = [p1.alloc((i + 1) * MiB, api="cuMemAlloc_v2") for i in range(3)]
+    p1.free_(d1[1])
+    return params  # the parameters stay live
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("scenario")
@@ -218,6 +392,37 @@ def main():
             else:
                 w.event("free", api="cudaFree", path="symbol", ptr=ptr, dur=1000)
         w.footer()
+    elif a.scenario in ("share-a", "share-b"):
+        # Wall-clock milliseconds after both traces opened (one start_unix_ns): a holds 6 MiB at
+        # 1-3 and 9-10, b 4 MiB at 5-7. Their monotonic clocks are 49 s apart (other boots):
+        # merged by `t`, all of b would come after a.
+        first = a.scenario == "share-a"
+        t0 = 1_000_000_000 if first else 50_000_000_000
+        w = Writer(out, a.pid, ["./share", a.scenario], config("passthrough"), t0=t0)
+        w.device(0, dev_name, dev_total)
+        base = 0x7F0000000000
+        seq = [(1, "alloc", 6 * MiB), (3, "free", 0), (9, "alloc", 6 * MiB), (10, "free", 0)] if first else \
+              [(5, "alloc", 4 * MiB), (7, "free", 0)]
+        for ms, ev, size in seq:
+            w.t = t0 + ms * 1_000_000
+            if ev == "alloc":
+                w.event("alloc", api="cudaMalloc", path="symbol", size=size, ptr=base, dur=1000, stream=0)
+            else:
+                w.event("free", api="cudaFree", path="symbol", ptr=base, dur=1000)
+        w.footer()
+    elif a.scenario == "frag":
+        w = Writer(out, a.pid, ["./frag"], config("passthrough"))
+        w.device(0, dev_name, 3 * MiB)
+        base = 0x7F0000000000
+        seq = [("alloc", MiB, base), ("alloc", MiB, base + MiB), ("free", 0, base + MiB),
+               ("alloc", 2 * MiB, base + MiB), ("free", 0, base), ("free", 0, base + MiB)]
+        for ev, size, ptr in seq:
+            w.t += 1000
+            if ev == "alloc":
+                w.event("alloc", api="cudaMalloc", path="symbol", size=size, ptr=ptr, dur=1000, stream=0)
+            else:
+                w.event("free", api="cudaFree", path="symbol", ptr=ptr, dur=1000)
+        w.footer()
     elif a.scenario == "interleaved":
         # Two threads: thread 2's buffer was drained first, so the free of a block comes before
         # its allocation by thread 1 in the file (t still orders them).
@@ -230,6 +435,14 @@ def main():
         w.event("alloc", api="cudaMalloc", path="symbol", size=MiB, ptr=base, dur=1000, tid=1)
         w.t = 3_000_000_000
         w.event("alloc", api="cudaMalloc", path="symbol", size=2 * MiB, ptr=base + MiB, dur=1000, tid=1)
+        w.footer()
+    elif a.scenario == "pool":
+        cfg = config("growth", {"all": {"bytes": 4 * GiB}, "devices": {}})
+        cfg["free"] = "deferred"
+        w = Writer(out, a.pid, ["python3", "pool.py"], cfg, version="2.2")
+        w.device(0, dev_name, dev_total)
+        w.device(1, dev_name, dev_total)
+        pool_scenario(w, rng)
         w.footer()
     elif a.scenario == "big":
         # A block of events that ends with everything freed, repeated with later times: fast to

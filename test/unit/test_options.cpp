@@ -79,8 +79,9 @@ TEST_CASE("CUPOOL_POLICY", "[options]") {
   CHECK(ok({{"CUPOOL_POLICY", "preallocate"}}).policy == PolicyKind::preallocate);
   CHECK(ok({{"CUPOOL_POLICY", "passthrough"}}).policy == PolicyKind::passthrough);
   CHECK(ok({{"CUPOOL_POLICY", "Passthrough"}}).policy == PolicyKind::passthrough);
+  CHECK(ok({{"CUPOOL_POLICY", "vmm"}}).policy == PolicyKind::vmm);
   CHECK(error({{"CUPOOL_POLICY", "grwoth"}}) ==
-        "cupool: CUPOOL_POLICY=\"grwoth\" is not valid; accepted: growth, preallocate, passthrough");
+        "cupool: CUPOOL_POLICY=\"grwoth\" is not valid; accepted: growth, preallocate, passthrough, vmm");
   CHECK(std::get<OptionError>(parse({{"CUPOOL_POLICY", "x"}})).variable == "CUPOOL_POLICY");
 }
 
@@ -258,7 +259,7 @@ TEST_CASE("CUPOOL_LOG_LEVEL", "[options]") {
 TEST_CASE("an error message is one line, whatever the value holds", "[options]") {
   const std::string m = error({{"CUPOOL_POLICY", "a\nb\"c"}});
   CHECK(m.find('\n') == std::string::npos);
-  CHECK(m == "cupool: CUPOOL_POLICY=\"a\\nb\\\"c\" is not valid; accepted: growth, preallocate, passthrough");
+  CHECK(m == "cupool: CUPOOL_POLICY=\"a\\nb\\\"c\" is not valid; accepted: growth, preallocate, passthrough, vmm");
 }
 
 TEST_CASE("unknown CUPOOL_ variables are reported", "[options]") {

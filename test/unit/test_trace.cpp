@@ -251,6 +251,7 @@ TEST_CASE("every field of every kind of event round-trips", "[trace]") {
       r.has_flags = (k + o) % 2 == 0;
       r.flags = r.has_flags ? 1 : 0;
       r.recycled = o == 1;
+      r.granules = o == 2;
       r.has_handle = k % 3 == 0;
       r.handle = r.has_handle ? ~0ull - 7 : 0;
       r.offset = r.has_handle ? static_cast<std::uint64_t>(k) << 21 : 0;
@@ -996,7 +997,8 @@ TEST_CASE("docs/trace-format.md names every key, line type and value of the sche
                  trace::key::dev, trace::key::size, trace::key::ptr, trace::key::stream, trace::key::rc, trace::key::dur,
                  trace::key::oom_class, trace::key::reserved, trace::key::in_use, trace::key::largest_free,
                  trace::key::quarantined, trace::key::free_blocks, trace::key::flags, trace::key::cached, trace::key::name,
-                 trace::key::timed_for, trace::key::recycled, trace::key::handle, trace::key::offset})
+                 trace::key::timed_for, trace::key::recycled, trace::key::handle, trace::key::offset,
+                 trace::key::granules})
     CHECK(named(k));
   namespace hk = trace::header_key;
   namespace fk = trace::footer_key;

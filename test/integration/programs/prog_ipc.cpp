@@ -123,6 +123,24 @@ int main(int argc, char** argv) {
         return prog::finish(prog::Json().num("allocs", 2).num("frees", 2).num("bytes", 2 * kBytes)
                                 .boolean("refused_without_room", r == cudaErrorNotSupported));
     }
+    if (policy && std::strcmp(policy, "vmm") == 0 && pooled) {
+        // A block of the vmm policy: the driver's IPC handles do not cover virtual-memory
+        // mappings, so it is refused (an invalid value, the handle cleared), in both APIs.
+        cudaIpcMemHandle_t h;
+        std::memset(&h, 0x5a, sizeof h);
+        const cudaError_t r = cudaIpcGetMemHandle(&h, b);
+        EXPECT(r == cudaErrorInvalidValue);
+        cudaGetLastError();
+        const cudaIpcMemHandle_t zero{};
+        EXPECT(std::memcmp(&h, &zero, sizeof h) == 0);
+        CUipcMemHandle hd;
+        const CUresult rd = cuIpcGetMemHandle(&hd, reinterpret_cast<CUdeviceptr>(a));
+        EXPECT(rd == CUDA_ERROR_INVALID_VALUE);
+        RT(cudaFree(a));
+        RT(cudaFree(b));
+        return prog::finish(prog::Json().num("allocs", 2).num("frees", 2).num("bytes", 2 * kBytes)
+                                .boolean("refused_vmm", r == cudaErrorInvalidValue && rd == CUDA_ERROR_INVALID_VALUE));
+    }
     cudaIpcMemHandle_t ha, hb, hb_inside;
     RT(cudaIpcGetMemHandle(&ha, a));
     RT(cudaIpcGetMemHandle(&hb, b));

@@ -1,0 +1,151 @@
+#include "granules.h"
+
+#include <algorithm>
+#include <bit>
+
+namespace cupool {
+
+void Granules::reset(std::uint64_t base, std::uint64_t size, std::uint64_t granule) {
+  base_ = base;
+  granule_ = granule ? granule : 1;
+  const std::size_t n = static_cast<std::size_t>(size / granule_);
+  users_.assign(n, 0);
+  state_.assign(n, State::unmapped);
+  seq_.assign(n, 0);
+  idle_bits_.assign((n + 63) / 64, 0);
+  mapped_ = idle_ = 0;
+  max_idle_seq_ = 0;
+}
+
+void Granules::first_last(std::uint64_t addr, std::uint64_t bytes, std::size_t* first, std::size_t* last) const {
+  *first = index(addr);
+  *last = index(addr + std::max<std::uint64_t>(bytes, 1) - 1);
+}
+
+void Granules::set_idle_bit(std::size_t i, bool on) {
+  const std::uint64_t bit = std::uint64_t{1} << (i % 64);
+  if (on) idle_bits_[i / 64] |= bit;
+  else idle_bits_[i / 64] &= ~bit;
+}
+
+bool Granules::ready(std::uint64_t addr, std::uint64_t bytes) const {
+  std::size_t first, last;
+  first_last(addr, bytes, &first, &last);
+  for (std::size_t i = first; i <= last; ++i)
+    if (state_[i] != State::mapped) return false;
+  return true;
+}
+
+bool Granules::busy(std::uint64_t addr, std::uint64_t bytes) const {
+  std::size_t first, last;
+  first_last(addr, bytes, &first, &last);
+  for (std::size_t i = first; i <= last; ++i)
+    if (state_[i] == State::mapping || state_[i] == State::unmapping) return true;
+  return false;
+}
+
+std::uint64_t Granules::missing_bytes(std::uint64_t addr, std::uint64_t bytes) const {
+  std::size_t first, last;
+  first_last(addr, bytes, &first, &last);
+  std::uint64_t n = 0;
+  for (std::size_t i = first; i <= last; ++i) n += state_[i] == State::unmapped;
+  return n * granule_;
+}
+
+void Granules::touch(std::uint64_t addr, std::uint64_t bytes) {
+  std::size_t first, last;
+  first_last(addr, bytes, &first, &last);
+  for (std::size_t i = first; i <= last; ++i) {
+    if (is_idle(i)) {
+      --idle_;
+      set_idle_bit(i, false);
+    }
+    ++users_[i];
+  }
+}
+
+void Granules::untouch(std::uint64_t addr, std::uint64_t bytes, std::uint64_t seq) {
+  std::size_t first, last;
+  first_last(addr, bytes, &first, &last);
+  for (std::size_t i = first; i <= last; ++i) {
+    // A granule's device work is ordered by the last block to leave it; an older block's
+    // sequence number is covered by a newer one's (fences retire in order).
+    if (seq != 0) seq_[i] = std::max(seq_[i], seq);
+    if (--users_[i] == 0 && state_[i] == State::mapped) {
+      ++idle_;
+      set_idle_bit(i, true);
+      max_idle_seq_ = std::max(max_idle_seq_, seq_[i]);
+    }
+  }
+}
+
+std::vector<Granules::Run> Granules::begin_map(std::uint64_t addr, std::uint64_t bytes, std::uint64_t* total) {
+  std::vector<Run> runs;
+  *total = 0;
+  std::size_t first, last;
+  first_last(addr, bytes, &first, &last);
+  for (std::size_t i = first; i <= last; ++i) {
+    if (state_[i] != State::unmapped) continue;
+    state_[i] = State::mapping;
+    seq_[i] = 0;  // fresh memory: no device work has used it
+    const std::uint64_t va = base_ + i * granule_;
+    if (!runs.empty() && runs.back().va + runs.back().bytes == va) runs.back().bytes += granule_;
+    else runs.push_back({va, granule_});
+    *total += granule_;
+  }
+  return runs;
+}
+
+void Granules::end_map(const Run& run, bool mapped) {
+  for (std::size_t i = index(run.va), end = index(run.va + run.bytes); i < end; ++i) {
+    state_[i] = mapped ? State::mapped : State::unmapped;
+    if (!mapped) continue;
+    ++mapped_;
+    if (users_[i] == 0) {  // the block that asked for it went meanwhile (a failed neighbour run)
+      ++idle_;
+      set_idle_bit(i, true);
+    }
+  }
+}
+
+std::vector<Granules::Run> Granules::begin_unmap(std::uint64_t max_bytes, std::uint64_t safe_seq) {
+  std::vector<Run> runs;
+  std::uint64_t left = max_bytes / granule_;
+  std::uint64_t still_unsafe = 0;
+  for (std::size_t w = idle_bits_.size(); w-- > 0 && left > 0;) {
+    std::uint64_t bits = idle_bits_[w];
+    while (bits != 0 && left > 0) {
+      const int b = 63 - std::countl_zero(bits);
+      bits &= ~(std::uint64_t{1} << b);
+      const std::size_t i = w * 64 + static_cast<std::size_t>(b);
+      if (seq_[i] > safe_seq) {
+        still_unsafe = std::max(still_unsafe, seq_[i]);
+        continue;
+      }
+      set_idle_bit(i, false);
+      --idle_;
+      --mapped_;
+      --left;
+      state_[i] = State::unmapping;
+      seq_[i] = 0;
+      const std::uint64_t va = base_ + i * granule_;
+      if (!runs.empty() && runs.back().va == va + granule_) {  // descending: extend downwards
+        runs.back().va = va;
+        runs.back().bytes += granule_;
+      } else {
+        runs.push_back({va, granule_});
+      }
+    }
+  }
+  if (left > 0) max_idle_seq_ = still_unsafe;  // every idle granule was looked at
+  return runs;
+}
+
+void Granules::end_unmap(const Run& run) {
+  for (std::size_t i = index(run.va), end = index(run.va + run.bytes); i < end; ++i) state_[i] = State::unmapped;
+}
+
+std::uint32_t Granules::users(std::uint64_t addr) const { return users_[index(addr)]; }
+bool Granules::mapped(std::uint64_t addr) const { return state_[index(addr)] == State::mapped; }
+
+}  // namespace cupool

@@ -1,0 +1,377 @@
+// The vmm policy on SimUpstream: granules mapped on demand, unmapped once wholly free and safe,
+// the cap counting mapped bytes, and what it reserves against chunked growth.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "device_pool.h"
+#include "granules.h"
+#include "sim_upstream.h"
+#include "trace_schema.h"
+
+using namespace cupool;
+using trace::EventKind;
+
+namespace {
+
+constexpr std::uint64_t MiB = 1ull << 20;
+constexpr std::uint64_t GiB = 1ull << 30;
+
+class Events : public PoolObserver {
+ public:
+  void pool_event(const PoolEvent& e) override {
+    std::lock_guard lock(mu);
+    all.push_back(e);
+  }
+  std::vector<PoolEvent> of(PoolEvent::Kind k) {
+    std::lock_guard lock(mu);
+    std::vector<PoolEvent> out;
+    for (const auto& e : all)
+      if (e.kind == k) out.push_back(e);
+    return out;
+  }
+  std::mutex mu;
+  std::vector<PoolEvent> all;
+};
+
+Config vmm_config(FreeMode free = FreeMode::sync) {
+  Config c;
+  c.policy = PolicyKind::vmm;
+  c.free_mode = free;
+  return c;
+}
+
+Config with_limit(Config c, std::uint64_t bytes) {
+  c.limit.all = SizeSpec{bytes, 0};
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("granules: touch, idle, runs, unmap from the top, fences", "[vmm-policy]") {
+  Granules g;
+  g.reset(0x1000000, 16 * 2 * MiB, 2 * MiB);
+  const std::uint64_t b = 0x1000000;
+  CHECK_FALSE(g.ready(b, 1));
+  std::uint64_t total = 0;
+  g.touch(b + 1 * MiB, 4 * MiB);  // granules 0..2
+  auto runs = g.begin_map(b + 1 * MiB, 4 * MiB, &total);
+  REQUIRE(runs.size() == 1);  // adjacent missing granules: one run
+  CHECK(runs[0].va == b);
+  CHECK(runs[0].bytes == 6 * MiB);
+  CHECK(total == 6 * MiB);
+  CHECK(g.busy(b, 1));
+  g.end_map(runs[0], true);
+  CHECK(g.ready(b + 1 * MiB, 4 * MiB));
+  CHECK(g.mapped_bytes() == 6 * MiB);
+  CHECK(g.idle_bytes() == 0);
+  g.touch(b + 5 * MiB, 8 * MiB);  // granules 2..6: 2 is mapped, 3..6 are not
+  runs = g.begin_map(b + 5 * MiB, 8 * MiB, &total);
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].va == b + 6 * MiB);
+  CHECK(runs[0].bytes == 8 * MiB);
+  g.end_map(runs[0], true);
+  CHECK(g.users(b + 4 * MiB) == 2);  // granule 2 is shared by both blocks
+  // The first block goes, freed without a wait (seq 7): granules 0 and 1 idle, 2 still used.
+  g.untouch(b + 1 * MiB, 4 * MiB, 7);
+  CHECK(g.idle_bytes() == 4 * MiB);
+  CHECK(g.unsafe_idle(6));
+  CHECK(g.begin_unmap(~0ull, 6).empty());  // no fence covers seq 7 yet
+  CHECK_FALSE(g.unsafe_idle(7));
+  // The second goes after its fence: granules 2..6 idle and safe at once.
+  g.untouch(b + 5 * MiB, 8 * MiB, 0);
+  CHECK(g.idle_bytes() == 14 * MiB);
+  runs = g.begin_unmap(4 * MiB, 0);  // the highest two, as one run
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].va == b + 10 * MiB);
+  CHECK(runs[0].bytes == 4 * MiB);
+  CHECK(g.mapped_bytes() == 10 * MiB);
+  g.end_unmap(runs[0]);
+  // 0..2 still wait for seq 7 (granule 2 too: the first block's work on it may still run); 3, 4 go.
+  runs = g.begin_unmap(~0ull, 0);
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].va == b + 6 * MiB);
+  CHECK(runs[0].bytes == 4 * MiB);
+  g.end_unmap(runs[0]);
+  runs = g.begin_unmap(~0ull, 7);
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0].va == b);
+  CHECK(runs[0].bytes == 6 * MiB);
+  g.end_unmap(runs[0]);
+  CHECK(g.mapped_bytes() == 0);
+  CHECK(g.idle_bytes() == 0);
+}
+
+TEST_CASE("vmm policy: granules mapped on demand, adjacent ones in one call", "[vmm-policy]") {
+  SimUpstream up(4 * GiB);
+  Events ev;
+  DevicePool pool(vmm_config(), 0, up, &ev);
+  CHECK(pool.virtual_memory());
+  AllocResult a = pool.allocate(1 * MiB);
+  REQUIRE(a.ptr != 0);
+  CHECK(a.ptr >= SimUpstream::kVaBase);
+  CHECK(pool.state().reserved == 2 * MiB);  // one granule, not a 32 MiB chunk
+  CHECK(up.counters().address_reserves == 1);
+  // One range: twice the cap (the device here), reserved once.
+  CHECK(pool.owns(a.ptr + 7 * GiB));
+  AllocResult b = pool.allocate(3 * MiB);  // [1, 4) MiB: granule 1 is new
+  REQUIRE(b.ptr == a.ptr + 1 * MiB);
+  CHECK(pool.state().reserved == 4 * MiB);
+  AllocResult c = pool.allocate(20 * MiB);  // [4, 24) MiB: granules 2..11, one call
+  REQUIRE(c.ptr == a.ptr + 4 * MiB);
+  CHECK(pool.state().reserved == 24 * MiB);
+  CHECK(pool.state().in_use == 24 * MiB);
+  CHECK(up.counters().map_calls == 3);
+  CHECK(up.is_mapped(c.ptr, 20 * MiB));
+  auto grows = ev.of(PoolEvent::Kind::grow);
+  REQUIRE(grows.size() == 3);
+  CHECK(grows[2].granules);
+  CHECK(grows[2].ptr == a.ptr + 4 * MiB);
+  CHECK(grows[2].size == 20 * MiB);
+  CHECK(grows[2].stats.reserved == 24 * MiB);
+  const trace::Record line = trace::record_of(grows[2]);
+  CHECK(line.kind == EventKind::grow);
+  CHECK(line.granules);
+  // Reuse of mapped memory is no driver call.
+  REQUIRE(pool.deallocate(c.ptr) == FreeResult::freed);
+  AllocResult d = pool.allocate(16 * MiB);
+  CHECK(d.ptr == c.ptr);
+  CHECK(up.counters().map_calls == 3);
+  // Interior pointers resolve to their block (cuMemGetAddressRange); a block shares no chunk
+  // with the driver (block_in_reservation names the range, which IPC must not share).
+  std::uint64_t base = 0;
+  std::size_t size = 0;
+  CHECK(pool.block_range(d.ptr + 5 * MiB, &base, &size));
+  CHECK(base == d.ptr);
+  CHECK(size == 16 * MiB);
+}
+
+TEST_CASE("vmm policy: wholly free granules are unmapped only after their fence", "[vmm-policy]") {
+  SECTION("deferred frees behind fences (quarantine)") {
+    SimUpstream up(4 * GiB);
+    up.set_needs_fences(true);
+    up.set_pending_work(true);
+    Events ev;
+    DevicePool pool(vmm_config(FreeMode::deferred), 0, up, &ev);
+    AllocResult a = pool.allocate(64 * MiB);
+    AllocResult b = pool.allocate(1 * MiB);  // shares no granule with a
+    REQUIRE(pool.deallocate(a.ptr) == FreeResult::freed);
+    pool.trim();  // the fence has not retired: nothing may go
+    CHECK(pool.state().reserved == 66 * MiB);
+    CHECK(up.counters().unmap_calls == 0);
+    CHECK(up.is_mapped(a.ptr, 64 * MiB));
+    up.complete_all();
+    pool.trim();
+    CHECK(pool.state().reserved == 2 * MiB);
+    CHECK(up.counters().unmap_calls == 1);
+    CHECK_FALSE(up.is_mapped(a.ptr, 2 * MiB));
+    CHECK(up.is_mapped(b.ptr, 1 * MiB));
+    auto rel = ev.of(PoolEvent::Kind::release);
+    REQUIRE(rel.size() == 1);
+    CHECK(rel[0].granules);
+    CHECK(rel[0].size == 64 * MiB);
+    CHECK(rel[0].ptr == a.ptr);
+    CHECK(rel[0].stats.reserved == 2 * MiB);
+  }
+  SECTION("deferred frees in one stream order: an unmap waits for a fence placed after the free") {
+    SimUpstream up(4 * GiB);
+    up.set_needs_fences(false);  // the block is free at once, for blocks in stream order...
+    up.set_pending_work(true);
+    DevicePool pool(vmm_config(FreeMode::deferred), 0, up, nullptr);
+    AllocResult a = pool.allocate(64 * MiB);
+    pool.allocate(1 * MiB);
+    REQUIRE(pool.deallocate(a.ptr) == FreeResult::freed);
+    CHECK(pool.state().quarantined == 0);
+    const auto before = up.counters();
+    pool.trim();  // ...but an unmap is not stream-ordered: it waits for the device first
+    const auto after = up.counters();
+    CHECK(after.fences_placed == before.fences_placed + 1);
+    CHECK(after.fence_waits == before.fence_waits + 1);
+    CHECK(pool.state().reserved == 2 * MiB);
+  }
+  SECTION("sync frees waited at the free: no fence") {
+    SimUpstream up(4 * GiB);
+    DevicePool pool(vmm_config(FreeMode::sync), 0, up, nullptr);
+    AllocResult a = pool.allocate(64 * MiB);
+    REQUIRE(pool.deallocate(a.ptr) == FreeResult::freed);
+    pool.trim();
+    CHECK(up.counters().fences_placed == 0);
+    CHECK(pool.state().reserved == 0);
+    CHECK(up.counters().mapped_bytes == 0);
+  }
+}
+
+TEST_CASE("vmm policy: the cap counts mapped bytes; idle granules go back before a refusal", "[vmm-policy]") {
+  SimUpstream up(4 * GiB);
+  Events ev;
+  DevicePool pool(with_limit(vmm_config(), 64 * MiB), 0, up, &ev);
+  std::vector<std::uint64_t> blocks;
+  for (int i = 0; i < 16; ++i) {
+    AllocResult r = pool.allocate(4 * MiB);
+    REQUIRE(r.ptr != 0);
+    blocks.push_back(r.ptr);
+  }
+  CHECK(pool.state().reserved == 64 * MiB);
+  AllocResult over = pool.allocate(512);
+  CHECK(over.ptr == 0);
+  CHECK(over.oom == OomClass::limit);
+  // Every other block goes: 32 MiB free in 4 MiB holes. Chunked growth would refuse 8 MiB here
+  // (fragmentation); here the holes' granules are unmapped and mapped again behind new addresses.
+  for (std::size_t i = 0; i < blocks.size(); i += 2) REQUIRE(pool.deallocate(blocks[i]) == FreeResult::freed);
+  AllocResult big = pool.allocate(24 * MiB);
+  REQUIRE(big.ptr != 0);
+  CHECK(big.oom == OomClass::none);
+  CHECK(pool.state().reserved <= 64 * MiB);
+  CHECK(pool.state().in_use == 56 * MiB);
+  CHECK(up.counters().peak_mapped_bytes == 64 * MiB);  // never past the cap, not even in transit
+  CHECK(ev.of(PoolEvent::Kind::oom).size() == 1);
+  // Memory info: the cap, and free = what is not in use.
+  std::size_t free = 0, total = 0;
+  pool.mem_info(&free, &total);
+  CHECK(total == 64 * MiB);
+  CHECK(free == 8 * MiB);
+}
+
+TEST_CASE("vmm policy: a refused map is an out-of-memory of class device", "[vmm-policy]") {
+  SimUpstream up(64 * MiB);
+  DevicePool pool(vmm_config(), 0, up, nullptr);
+  up.set_foreign_bytes(60 * MiB);
+  AllocResult r = pool.allocate(8 * MiB);
+  CHECK(r.ptr == 0);
+  CHECK(r.oom == OomClass::device);
+  CHECK(r.driver_code == SimUpstream::kOutOfMemoryCode);
+  CHECK(pool.state().reserved == 0);
+  up.set_foreign_bytes(0);
+  CHECK(pool.allocate(8 * MiB).ptr != 0);
+}
+
+TEST_CASE("vmm policy: an upstream without virtual memory grows in chunks", "[vmm-policy]") {
+  class ChunksOnly final : public Upstream {
+   public:
+    explicit ChunksOnly(SimUpstream& sim) : sim_(sim) {}
+    UpstreamStatus reserve(std::size_t b, std::uint64_t* base, int* code) override { return sim_.reserve(b, base, code); }
+    void release(std::uint64_t base, std::size_t b) override { sim_.release(base, b); }
+    void device_memory(std::size_t* t, std::size_t* f) override { sim_.device_memory(t, f); }
+    void synchronize() override {}
+    bool needs_fences() override { return false; }
+    FenceId place_fence() override { return 0; }
+    bool fence_retired(FenceId) override { return true; }
+    void wait_fence(FenceId) override {}
+
+   private:
+    SimUpstream& sim_;
+  };
+  SimUpstream sim(4 * GiB);
+  ChunksOnly up(sim);
+  DevicePool pool(vmm_config(), 0, up, nullptr);
+  CHECK_FALSE(pool.virtual_memory());
+  CHECK(pool.allocate(1 * MiB).ptr != 0);
+  CHECK(pool.state().reserved == 32 * MiB);
+}
+
+namespace {
+
+// A training loop whose shapes vary every step, as examples/policies/train_varlen.py's do:
+// parameters and optimizer state live throughout; each step keeps activations of a sequence
+// length drawn at random (64 to 1024 tokens, 16384 tokens a batch) from the forward pass to the
+// backward pass, with temporaries freed at once. Deterministic.
+struct VarlenRun {
+  std::uint64_t peak_in_use = 0, peak_reserved = 0;
+  std::uint64_t maps = 0, unmaps = 0;  // driver calls in the last half of the steps
+  std::uint64_t mapped = 0;            // bytes mapped in the last half of the steps
+  int ooms = 0;
+};
+
+VarlenRun run_varlen(const Config& cfg, int steps, bool fences = false) {
+  SimUpstream up(80 * GiB);
+  up.set_needs_fences(fences);
+  DevicePool pool(cfg, 0, up, nullptr);
+  // Time passes as on the device: about 100 us a call (a 65 ms step makes some hundreds).
+  std::uint64_t clock = 1'000'000;
+  pool.set_clock([](void* c) { return *static_cast<std::uint64_t*>(c) += 100'000; }, &clock);
+  VarlenRun out;
+  std::uint64_t rng = 12345;
+  auto next = [&] {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return rng >> 33;
+  };
+  auto note = [&] {
+    const PoolStats s = pool.state();
+    out.peak_in_use = std::max(out.peak_in_use, s.in_use);
+    out.peak_reserved = std::max(out.peak_reserved, s.reserved);
+  };
+  auto alloc = [&](std::uint64_t bytes) {
+    AllocResult r = pool.allocate(bytes);
+    if (r.ptr == 0) ++out.ooms;
+    note();
+    return r.ptr;
+  };
+  std::vector<std::uint64_t> params;
+  for (int i = 0; i < 48; ++i) params.push_back(alloc((1 + next() % 12) * MiB + (next() % 7) * 4096));
+  SimUpstream::Counters half{};
+  for (int step = 0; step < steps; ++step) {
+    if (step == steps / 2) half = up.counters();
+    const std::uint64_t len = 64 + next() % 961;
+    const std::uint64_t batch = 16384 / len;
+    const std::uint64_t tokens = len * batch;
+    std::vector<std::uint64_t> saved;
+    for (int layer = 0; layer < 8; ++layer) {
+      saved.push_back(alloc(tokens * 512 * 4));          // the layer's input
+      saved.push_back(alloc(batch * 8 * len * len * 2));  // attention scores
+      std::uint64_t tmp = alloc(tokens * 2048 * 4);        // the MLP's hidden activation
+      saved.push_back(alloc(tokens * 2048 * 2));
+      pool.deallocate(tmp);
+      note();
+    }
+    for (int layer = 7; layer >= 0; --layer) {
+      std::uint64_t grad = alloc(tokens * 512 * 4);
+      for (int k = 0; k < 3; ++k) {
+        pool.deallocate(saved.back());
+        saved.pop_back();
+        note();
+      }
+      std::uint64_t tmp = alloc(tokens * 2048 * 4);
+      pool.deallocate(tmp);
+      pool.deallocate(grad);
+      note();
+    }
+    for (int i = 0; i < 6; ++i) pool.deallocate(alloc((1 + next() % 12) * MiB));  // optimizer temporaries
+  }
+  const auto end = up.counters();
+  out.maps = end.map_calls - half.map_calls;
+  out.unmaps = end.unmap_calls - half.unmap_calls;
+  out.mapped = end.total_mapped_bytes - half.total_mapped_bytes;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("vmm policy: reserved follows in use where chunked growth fragments", "[vmm-policy]") {
+  Config growth;
+  growth.policy = PolicyKind::growth;
+  growth.free_mode = FreeMode::sync;
+  const VarlenRun g = run_varlen(growth, 150);
+  const VarlenRun v = run_varlen(vmm_config(), 150);
+  const VarlenRun d = run_varlen(vmm_config(FreeMode::deferred), 150);
+  const VarlenRun f = run_varlen(vmm_config(FreeMode::deferred), 150, true);
+  for (const VarlenRun* r : {&g, &v, &d, &f}) {
+    INFO(r->peak_reserved << " / " << r->peak_in_use << ", maps " << r->maps << ", unmaps " << r->unmaps
+                          << ", mapped " << r->mapped);
+    CHECK(r->ooms == 0);
+    CHECK(r->peak_in_use == 3399200768ull);  // 3241.7 MiB
+  }
+  // Chunked growth: 3552 MiB reserved at the peak, 1.096 times the peak in use.
+  CHECK(g.peak_reserved == 3552 * MiB);
+  // vmm: 3252 MiB, 1.0032 times; what is left over is the granules that blocks share partly.
+  CHECK(v.peak_reserved == 3252 * MiB);
+  CHECK(d.peak_reserved == 3252 * MiB);  // deferred frees in one order: fences from frees cover them
+  CHECK(f.peak_reserved == 3254 * MiB);  // deferred frees behind fences
+  // Steady state (the last 75 steps, whose use swings by up to 1.6 GiB a step): a few driver
+  // calls in all, because idle granules go only when a map would pass the most ever mapped.
+  CHECK(v.maps == 21);
+  CHECK(v.unmaps == 27);
+  CHECK(v.mapped == 792 * MiB);
+  CHECK(f.maps + f.unmaps == 113);
+}

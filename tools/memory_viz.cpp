@@ -1,0 +1,390 @@
+#include "memory_viz.h"
+
+#include <algorithm>
+#include <iterator>
+
+#include "pickle_writer.h"
+
+namespace cupool::tools {
+
+using trace::EventKind;
+
+namespace {
+
+constexpr std::uint64_t kBlockAlignment = 512;  // the pool's block granularity (core/suballocator.h)
+constexpr std::uint64_t kSmallSegment = 1 << 20;  // PyTorch calls segments of at most 1 MiB "small"
+
+constexpr const char* kActionNames[] = {"alloc",        "free_requested", "free_completed", "segment_alloc",
+                                        "segment_free", "segment_map",    "segment_unmap",  "oom"};
+
+}  // namespace
+
+MemoryVizWriter::MemoryVizWriter(std::FILE* out, const Analysis& analysis, std::size_t max_entries)
+    : out_(out), analysis_(analysis), max_entries_(max_entries) {}
+
+MemoryVizWriter::Lane& MemoryVizWriter::lane(std::size_t source, int device) {
+  Lane& l = lanes_[{source, device}];
+  l.source = source;
+  l.device = device;
+  return l;
+}
+
+// The lane whose block starts at `ptr`: the event's device first, then the process's others (a
+// free may name no device).
+MemoryVizWriter::Lane* MemoryVizWriter::lane_holding(std::size_t source, int device, std::uint64_t ptr) {
+  if (auto it = lanes_.find({source, device}); it != lanes_.end() && it->second.blocks.count(ptr)) return &it->second;
+  for (auto& [key, l] : lanes_)
+    if (key.first == source && l.blocks.count(ptr)) return &l;
+  return nullptr;
+}
+
+void MemoryVizWriter::add(Lane& l, Action a, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
+                          std::uint64_t t_ns) {
+  // PyTorch stamps entries in microseconds of the wall clock.
+  const Source& s = sources_[l.source];
+  std::uint64_t unix_ns = t_ns;
+  if (s.start_unix_ns != 0) unix_ns = t_ns >= s.start_mono_ns ? s.start_unix_ns + (t_ns - s.start_mono_ns)
+                                                                : s.start_unix_ns - std::min(s.start_unix_ns, s.start_mono_ns - t_ns);
+  l.entries.push_back(Entry{a, addr, size, stream, unix_ns / 1000});
+  if (max_entries_ != 0 && l.entries.size() > max_entries_) {
+    l.entries.pop_front();
+    ++l.dropped;
+  }
+}
+
+// Removes every block and segment overlapping [lo, hi): what a trace that lost events (a full
+// writer buffer) can leave behind, freed so that the snapshot stays consistent.
+namespace {
+// The keys of the entries of `map` (address -> something with a size) that overlap [lo, hi).
+template <class Map>
+std::vector<std::uint64_t> overlapping(const Map& map, std::uint64_t lo, std::uint64_t hi) {
+  std::vector<std::uint64_t> found;
+  auto it = map.lower_bound(lo);
+  if (it != map.begin()) {
+    auto prev = std::prev(it);
+    if (prev->first + prev->second.size > lo) found.push_back(prev->first);
+  }
+  for (; it != map.end() && it->first < hi; ++it) found.push_back(it->first);
+  return found;
+}
+}  // namespace
+
+void MemoryVizWriter::evict_range(Lane& l, std::uint64_t lo, std::uint64_t hi, std::uint64_t t, bool segments) {
+  if (segments)
+    for (std::uint64_t addr : overlapping(l.segments, lo, hi))
+      if (auto it = l.segments.find(addr); it != l.segments.end()) drop_segment(l, it, t);
+  for (std::uint64_t addr : overlapping(l.blocks, lo, hi)) complete(l, addr, t);
+}
+
+void MemoryVizWriter::add_segment(Lane& l, std::uint64_t addr, const Segment& s, std::uint64_t t) {
+  evict_range(l, addr, addr + s.size, t, true);
+  l.segments[addr] = s;
+  add(l, s.kind == SegmentKind::mapping ? Action::segment_map : Action::segment_alloc, addr, s.size, s.stream, t);
+}
+
+void MemoryVizWriter::drop_segment(Lane& l, std::map<std::uint64_t, Segment>::iterator it, std::uint64_t t) {
+  const std::uint64_t addr = it->first;
+  const Segment s = it->second;
+  std::vector<std::uint64_t> inside;
+  for (auto b = l.blocks.lower_bound(addr); b != l.blocks.end() && b->first < addr + s.size; ++b)
+    inside.push_back(b->first);
+  for (std::uint64_t b : inside) complete(l, b, t);
+  l.segments.erase(addr);
+  add(l, s.kind == SegmentKind::mapping ? Action::segment_unmap : Action::segment_free, addr, s.size, s.stream, t);
+}
+
+// The block at `addr` is free again: free_requested (unless it was already), free_completed.
+void MemoryVizWriter::complete(Lane& l, std::uint64_t addr, std::uint64_t t) {
+  auto it = l.blocks.find(addr);
+  if (it == l.blocks.end()) return;
+  const Block b = it->second;
+  if (b.pending_free) {
+    if (auto q = std::find(l.quarantine.begin(), l.quarantine.end(), addr); q != l.quarantine.end())
+      l.quarantine.erase(q);
+    l.quarantine_bytes -= std::min(l.quarantine_bytes, b.size);
+  } else {
+    add(l, Action::free_requested, addr, b.requested, b.stream, t);
+  }
+  add(l, Action::free_completed, addr, b.requested, b.stream, t);
+  l.blocks.erase(it);
+}
+
+void MemoryVizWriter::allocate(Lane& l, const Event& e, std::uint64_t t) {
+  const std::uint64_t stream = e.has_stream ? e.stream : 0;
+  if (e.has_pool) {
+    // A pool block: inside one of the pool's chunks, at the pool's granularity.
+    const std::uint64_t size = (std::max<std::uint64_t>(e.size, 1) + kBlockAlignment - 1) / kBlockAlignment * kBlockAlignment;
+    auto seg = l.segments.upper_bound(e.ptr);
+    if (seg != l.segments.begin()) {
+      --seg;
+      if (seg->second.kind == SegmentKind::chunk && e.ptr + size <= seg->first + seg->second.size) {
+        evict_range(l, e.ptr, e.ptr + size, t, false);  // blocks only: the chunk stays
+        l.blocks[e.ptr] = Block{size, e.size, stream, false};
+        add(l, Action::alloc, e.ptr, e.size, stream, t);
+        return;
+      }
+    }
+  }
+  // Memory the pool did not serve (or a block of a chunk the trace never showed): a segment of
+  // its own, as PyTorch shows memory taken with its cache turned off.
+  if (e.size == 0) return;
+  add_segment(l, e.ptr, Segment{e.size, stream, SegmentKind::outside}, t);
+  l.blocks[e.ptr] = Block{e.size, e.size, stream, false};
+  add(l, Action::alloc, e.ptr, e.size, stream, t);
+}
+
+void MemoryVizWriter::free_block(Lane& l, std::uint64_t addr, bool held, std::uint64_t t) {
+  auto it = l.blocks.find(addr);
+  if (it == l.blocks.end() || it->second.pending_free) return;  // unknown, or freed twice
+  auto seg = l.segments.upper_bound(addr);
+  if (seg == l.segments.begin()) return;
+  --seg;
+  if (seg->second.kind == SegmentKind::mapping) return;  // given back by cuMemUnmap only
+  if (held) {
+    it->second.pending_free = true;
+    l.quarantine.push_back(addr);
+    l.quarantine_bytes += it->second.size;
+    add(l, Action::free_requested, addr, it->second.requested, it->second.stream, t);
+    return;
+  }
+  complete(l, addr, t);
+  if (seg->second.kind == SegmentKind::outside && seg->first == addr) drop_segment(l, seg, t);
+}
+
+// Deferred frees: blocks wait for a fence and are released oldest first. The pool reports the
+// bytes still waiting on every event it serves; those beyond it have been released.
+void MemoryVizWriter::settle_quarantine(Lane& l, std::uint64_t quarantined, std::uint64_t t) {
+  while (l.quarantine_bytes > quarantined && !l.quarantine.empty()) complete(l, l.quarantine.front(), t);
+}
+
+void MemoryVizWriter::oom(Lane& l, const Event& e, TraceInput& input) {
+  // What the process could still get: its cap (the recorded limit, else the device's memory)
+  // less what it holds, as cupool's memory-info answers say.
+  std::uint64_t total = 0;
+  for (const DeviceInfo& d : input.devices())
+    if (d.index == e.device) total = d.total_bytes;
+  const SourceStats& s = analysis_.sources()[l.source];
+  const std::uint64_t cap = s.meta.cap(e.device, total);
+  std::uint64_t reserved = 0;
+  if (auto it = s.devices.find(e.device); it != s.devices.end()) reserved = it->second.fold.now().reserved;
+  add(l, Action::oom, cap > reserved ? cap - reserved : 0, e.size, e.has_stream ? e.stream : 0, e.t_ns);
+}
+
+void MemoryVizWriter::visit(std::size_t source, const Event& e, TraceInput& input) {
+  while (sources_.size() <= source) {
+    const TraceMeta& m = analysis_.sources()[sources_.size()].meta;
+    sources_.push_back(Source{m.start_unix_ns, m.start_mono_ns, m.path, m.pid, {}, {}});
+  }
+  Source& src = sources_[source];
+  const std::uint64_t t = e.t_ns;
+  switch (e.kind) {
+    case EventKind::alloc:
+      if (e.rc == 0 && e.ptr != 0 && e.device >= 0) {
+        Lane& l = lane(source, e.device);
+        auto early = src.early_frees.find(e.ptr);
+        const bool freed_already = early != src.early_frees.end() && early->second >= t;
+        if (early != src.early_frees.end()) src.early_frees.erase(early);
+        allocate(l, e, t);
+        if (freed_already) free_block(l, e.ptr, false, t);
+      } else if (e.rc != 0 && src.pending_oom.erase(e.tid) == 0 && e.rc == 2 && e.device >= 0) {
+        oom(lane(source, e.device), e, input);  // the driver's refusal: no pool event before it
+      }
+      break;
+    case EventKind::free:
+      if (e.rc == 0 && e.ptr != 0) {
+        Lane* l = lane_holding(source, e.device, e.ptr);
+        if (l == nullptr) {
+          src.early_frees[e.ptr] = t;
+          break;
+        }
+        // Held for a fence when the pool reports at least its bytes waiting; a free that went
+        // to a thread's cache or straight back to the pool left nothing waiting.
+        const std::uint64_t size = l->blocks[e.ptr].size;
+        const bool held = e.has_pool && e.pool.quarantined >= size && e.pool.quarantined > 0;
+        free_block(*l, e.ptr, held, t);
+        if (e.has_pool) settle_quarantine(*l, e.pool.quarantined, t);
+      }
+      break;
+    case EventKind::fence_retired:
+      if (e.device >= 0) {
+        Lane& l = lane(source, e.device);
+        if (e.has_pool) {
+          settle_quarantine(l, e.pool.quarantined, t);
+        } else {
+          std::uint64_t left = e.size;  // released bytes, oldest blocks first
+          while (left > 0 && !l.quarantine.empty()) {
+            const std::uint64_t addr = l.quarantine.front();
+            left -= std::min(left, l.blocks[addr].size);
+            complete(l, addr, t);
+          }
+        }
+      }
+      break;
+    case EventKind::grow:
+      if (e.rc == 0 && e.ptr != 0 && e.size != 0 && e.device >= 0)
+        add_segment(lane(source, e.device), e.ptr, Segment{e.size, 0, SegmentKind::chunk}, t);
+      break;
+    case EventKind::release:
+      if (e.device >= 0) {
+        Lane& l = lane(source, e.device);
+        if (auto it = l.segments.find(e.ptr); it != l.segments.end() && it->second.kind == SegmentKind::chunk)
+          drop_segment(l, it, t);
+      }
+      break;
+    case EventKind::vmm_map:
+      if (e.rc == 0 && e.ptr != 0 && e.size != 0 && e.device >= 0) {
+        Lane& l = lane(source, e.device);
+        add_segment(l, e.ptr, Segment{e.size, 0, SegmentKind::mapping}, t);
+        l.blocks[e.ptr] = Block{e.size, e.size, 0, false};
+        add(l, Action::alloc, e.ptr, e.size, 0, t);
+      }
+      break;
+    case EventKind::vmm_unmap:
+      if (e.rc == 0 && e.ptr != 0) {
+        for (auto& [key, l] : lanes_) {
+          if (key.first != source) continue;
+          std::vector<std::uint64_t> mapped;
+          const std::uint64_t hi = e.ptr + std::max<std::uint64_t>(e.size, 1);
+          for (const auto& [addr, seg] : l.segments)
+            if (seg.kind == SegmentKind::mapping && addr < hi && addr + seg.size > e.ptr) mapped.push_back(addr);
+          for (std::uint64_t addr : mapped) drop_segment(l, l.segments.find(addr), t);
+        }
+      }
+      break;
+    case EventKind::oom:
+      if (e.device >= 0) oom(lane(source, e.device), e, input);
+      src.pending_oom.insert(e.tid);
+      break;
+    case EventKind::context_reset:
+      if (e.device >= 0) {
+        Lane& l = lane(source, e.device);
+        while (!l.segments.empty()) drop_segment(l, l.segments.begin(), t);
+        while (!l.blocks.empty()) complete(l, l.blocks.begin()->first, t);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+void MemoryVizWriter::write_segments(PickleWriter& p, const Lane& l, int index) const {
+  for (const auto& [addr, seg] : l.segments) {
+    std::uint64_t allocated = 0, active = 0, requested = 0;
+    for (auto b = l.blocks.lower_bound(addr); b != l.blocks.end() && b->first < addr + seg.size; ++b) {
+      active += b->second.size;
+      if (!b->second.pending_free) {
+        allocated += b->second.size;
+        requested += b->second.requested;
+      }
+    }
+    p.begin_dict();
+    p.str_memo("device"); p.integer(index); p.item();
+    p.str_memo("address"); p.unsigned_integer(addr); p.item();
+    p.str_memo("total_size"); p.unsigned_integer(seg.size); p.item();
+    p.str_memo("allocated_size"); p.unsigned_integer(allocated); p.item();
+    p.str_memo("active_size"); p.unsigned_integer(active); p.item();
+    p.str_memo("requested_size"); p.unsigned_integer(requested); p.item();
+    p.str_memo("stream"); p.unsigned_integer(seg.stream); p.item();
+    p.str_memo("segment_type"); p.str_memo(seg.size <= kSmallSegment ? "small" : "large"); p.item();
+    p.str_memo("segment_pool_id"); p.integer(0); p.integer(0); p.tuple2(); p.item();
+    p.str_memo("is_expandable"); p.boolean(seg.kind == SegmentKind::mapping); p.item();
+    p.str_memo("frames"); p.begin_list(); p.end(); p.item();
+    // The blocks tile the segment from its start: free gaps become inactive blocks.
+    p.str_memo("blocks");
+    p.begin_list();
+    auto block = [&](std::uint64_t at, std::uint64_t size, std::uint64_t req, const char* state) {
+      p.begin_dict();
+      p.str_memo("address"); p.unsigned_integer(at); p.item();
+      p.str_memo("size"); p.unsigned_integer(size); p.item();
+      p.str_memo("requested_size"); p.unsigned_integer(req); p.item();
+      p.str_memo("state"); p.str_memo(state); p.item();
+      p.str_memo("frames"); p.begin_list(); p.end(); p.item();
+      p.end();
+      p.item();
+    };
+    std::uint64_t at = addr;
+    for (auto b = l.blocks.lower_bound(addr); b != l.blocks.end() && b->first < addr + seg.size; ++b) {
+      if (b->first > at) block(at, b->first - at, 0, "inactive");
+      block(b->first, b->second.size, b->second.requested,
+            b->second.pending_free ? "active_pending_free" : "active_allocated");
+      at = b->first + b->second.size;
+    }
+    if (at < addr + seg.size) block(at, addr + seg.size - at, 0, "inactive");
+    p.end();
+    p.item();
+    p.end();
+    p.item();
+  }
+}
+
+void MemoryVizWriter::finish() {
+  // One process: the snapshot's devices are its device ordinals. Several: one snapshot device
+  // per process and device (their addresses may coincide), numbered in trace order.
+  const bool several = analysis_.sources().size() > 1;
+  std::vector<std::pair<const Lane*, int>> order;
+  int next = 0;
+  for (const auto& [key, l] : lanes_) order.emplace_back(&l, several ? next++ : key.second);
+  int devices = 0;
+  for (const auto& [l, index] : order) devices = std::max(devices, index + 1);
+
+  PickleWriter p(out_, 4);
+  p.begin_dict();
+  p.str_memo("segments");
+  p.begin_list();
+  for (const auto& [l, index] : order) write_segments(p, *l, index);
+  p.end();
+  p.item();
+
+  p.str_memo("device_traces");
+  p.begin_list();
+  for (int d = 0; d < devices; ++d) {
+    p.begin_list();
+    for (const auto& [l, index] : order) {
+      if (index != d) continue;
+      for (const Entry& e : l->entries) {
+        p.begin_dict();
+        p.str_memo("action"); p.str_memo(kActionNames[static_cast<int>(e.action)]); p.item();
+        p.str_memo(e.action == Action::oom ? "device_free" : "addr"); p.unsigned_integer(e.addr); p.item();
+        p.str_memo("size"); p.unsigned_integer(e.size); p.item();
+        p.str_memo("stream"); p.unsigned_integer(e.stream); p.item();
+        p.str_memo("time_us"); p.unsigned_integer(e.time_us); p.item();
+        p.str_memo("frames"); p.begin_list(); p.end(); p.item();
+        p.end();
+        p.item();
+      }
+    }
+    p.end();
+    p.item();
+  }
+  p.end();
+  p.item();
+
+  // What each snapshot device stands for: pages and scripts that read only PyTorch's keys skip it.
+  p.str_memo("cupool");
+  p.begin_dict();
+  p.str_memo("format"); p.str("cupool-memory-viz"); p.item();
+  p.str_memo("version"); p.integer(1); p.item();
+  p.str_memo("state_at"); p.str("end"); p.item();
+  p.str_memo("devices");
+  p.begin_list();
+  for (const auto& [l, index] : order) {
+    const Source& s = sources_[l->source];
+    p.begin_dict();
+    p.str_memo("index"); p.integer(index); p.item();
+    p.str_memo("device"); p.integer(l->device); p.item();
+    p.str_memo("pid"); p.integer(s.pid); p.item();
+    p.str_memo("trace"); p.str(s.path); p.item();
+    p.str_memo("entries_left_out"); p.unsigned_integer(l->dropped); p.item();
+    p.end();
+    p.item();
+  }
+  p.end();
+  p.item();
+  p.end();
+  p.item();
+
+  p.end();
+  p.finish();
+}
+
+}  // namespace cupool::tools
