@@ -157,6 +157,40 @@ def main():
                                capture_output=True, text=True, timeout=60)
             if p.returncode != 78 or "differs from the budget's own" not in p.stderr:
                 fail(f"a member with another limit: exit {p.returncode}, {p.stderr.strip()[:300]}")
+
+            # 6. One allocation waits once, however often its pool asks: a chunk larger than it
+            # needs is refused at once, the ask for just what it needs waits its whole bound, and
+            # the asks after that (once the pool gave back its own free chunks) wait no more.
+            keeper = Member(a.program, env("keeper"), "keeper")
+            if keeper.ask("alloc 600") != ["0"]:
+                fail("keeper: 600 MiB refused in an empty budget")
+            asker = Member(a.program, env("asker", CUPOOL_SHARE_WAIT="1s", CUPOOL_GROWTH_CHUNK="512MiB"), "asker")
+            if asker.ask("alloc 500") != ["2"]:
+                fail("asker: 500 MiB granted while another member holds 600 MiB of 1 GiB")
+            asker.quit()
+            keeper.quit()
+            asked = footers(os.path.join(tmp, "asker.*.jsonl"))
+            if len(asked) != 1 or asked[0].get("share_waits") != 1:
+                fail(f"asker's footer: {asked}, expected exactly one wait for its one refused allocation")
+
+            # 7. No deadlock: two members each hold part of the budget and each waits for more than
+            # is left. Neither can give anything back, so waiting out their bound (longer than this
+            # test may run) helps no one: the one holding less gives up (out of memory, class
+            # share), its program frees, and the other is served.
+            small = Member(a.program, env("small", CUPOOL_SHARE_WAIT="3600s"), "small")
+            large = Member(a.program, env("large", CUPOOL_SHARE_WAIT="3600s"), "large")
+            if small.ask("alloc 300") != ["0"] or large.ask("alloc 500") != ["0"]:
+                fail("300 MiB and 500 MiB refused in an empty budget of 1 GiB")
+            for m, mib in ((small, 400), (large, 300)):  # both wait: 224 MiB are left
+                m.p.stdin.write(f"alloc {mib}\n")
+                m.p.stdin.flush()
+            if small.expect("alloc") != ["2"]:
+                fail("small: 400 MiB granted although only 224 MiB of the budget were left")
+            small.ask("free")
+            if large.expect("alloc") != ["0"]:
+                fail("large: 300 MiB refused after the member that gave up freed its 300 MiB")
+            large.quit()
+            small.quit()
         finally:
             try:
                 os.unlink(segment)
@@ -164,7 +198,7 @@ def main():
                 pass
     print("ok: one budget across processes: refused with class share, memory info within it, idle memory "
           "given back to a waiting member, a killed member's bytes reclaimed, graph memory counted, a different "
-          "limit refused")
+          "limit refused, one wait per allocation, no deadlock between waiting members")
 
 
 if __name__ == "__main__":
