@@ -225,6 +225,8 @@ std::string below_text(const Search& s, const Analysis& a) {
 }
 
 // The largest of every device's peak live bytes (what the program held at once).
+// The most bytes the recorded program held at once: what every policy must fit, whatever it
+// admitted beyond the recording (a replay on a larger device may grant what the recording refused).
 std::uint64_t peak_live(const Analysis& a) {
   std::uint64_t peak = 0;
   for (const auto& [dev, total] : a.totals()) peak = std::max(peak, total.peak_requested);
@@ -364,7 +366,7 @@ int cmd_replay(const std::vector<std::string>& raw) {
         if (min_budget) j["min_budget"] = search_json(budgets[i], a);
         if (min_capacity) {
           j["min_capacity"] = search_json(capacities[i], a);
-          j["min_capacity"]["peak_requested"] = peak_live(a);
+          j["min_capacity"]["peak_requested"] = peak_live(recorded);
         }
         policies.push_back(j);
       }
@@ -461,7 +463,7 @@ int cmd_replay(const std::vector<std::string>& raw) {
           out += "does not fit the recorded " + human_size(s.upper) + "\n      " + failure_text(*s.at_upper, a) + "\n";
           continue;
         }
-        const std::uint64_t live = peak_live(a);
+        const std::uint64_t live = peak_live(recorded);
         out += human_size(s.smallest.value) + ", peak live " + human_size(live) + ": fragmentation costs " +
                human_size(s.smallest.value > live ? s.smallest.value - live : 0) + below_text(s, a) + "\n";
       }

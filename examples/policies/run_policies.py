@@ -98,7 +98,17 @@ def finish(name, procs, started, traces):
                   f"frag {d['fragmentation']}, ooms {d['ooms']}", flush=True)
 
 
+# CUPOOL_POLICY_ONLY=name,name...: run only these experiments (a GPU group that needs a few of them).
+ONLY = set(filter(None, os.environ.get("CUPOOL_POLICY_ONLY", "").split(",")))
+
+
+def wanted(name):
+    return not ONLY or name in ONLY
+
+
 def run(name, cmd, trace=None, env=None):
+    if not wanted(name):
+        return
     started = time.time()
     p = subprocess.Popen(cmd, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
@@ -106,6 +116,8 @@ def run(name, cmd, trace=None, env=None):
 
 
 def run_pair(name, cmds_traces, env=None):
+    if not wanted(name):
+        return
     started = time.time()
     procs = [subprocess.Popen(c, env=dict(os.environ, **(env or {})), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for c, _ in cmds_traces]
@@ -122,6 +134,8 @@ for i in range(1, REPEAT + 1):
     run(f"pt-takeover-growth-{i}", *cupool_run(f"pt-takeover-growth-{i}", ["--takeover", "--policy", "growth"], PT),
         env=quiet)
 run("pt-nocache-nocupool", PT, env={"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"})
+# PyTorch's own answer to fragmentation: segments that grow on the virtual-memory API.
+run("pt-expandable-nocupool", PT, env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"})
 run("pt-caching-passthrough", *cupool_run("pt-caching-passthrough", ["--policy", "passthrough"], PT), env=quiet)
 run("pt-caching-growth", *cupool_run("pt-caching-growth", ["--policy", "growth"], PT), env=quiet)
 run("pt-takeover-growth-sync", *cupool_run("pt-takeover-growth-sync", ["--takeover", "--policy", "growth", "--free", "sync"], PT),
@@ -160,3 +174,6 @@ run_pair("share-jax-default", [(JX, None), (JX, None)], dict(quiet, STEPS="60"))
 header = json.load(open(os.environ["CUPOOL_RUN_HEADER"])) if os.environ.get("CUPOOL_RUN_HEADER") else None
 with open(os.path.join(OUT, "policies.json"), "w") as f:
     json.dump({"header": header, "runs": results}, f, indent=1)
+missing = sorted(ONLY - {r["name"] for r in results})
+if missing:
+    sys.exit(f"run_policies.py: CUPOOL_POLICY_ONLY names experiments that do not exist: {', '.join(missing)}")

@@ -10,7 +10,9 @@ the run without cupool, a trace that saw nothing) is a failed check, not a row.
 Groups: compat (frameworks under passthrough), inflight, bench, rounds, steps, quarantine, vmm,
 xlasync, policies, replay (each framework trace replayed under its recorded configuration), share
 (the shared-budget check of the simulated CUDA, test/integration/check_share_budget.py, on the GPU),
-sharing (trainings sharing one budget against fixed shares and caps, and a member's start-up cost).
+sharing (trainings sharing one budget against fixed shares and caps, and a member's start-up cost),
+nvml (NVML's memory info inside the process), memviz (traces exported for memory_viz and RMM, and
+replay --min-capacity), vmmpolicy (the vmm policy against growth and the frameworks' allocators).
 """
 import json
 import os
@@ -489,6 +491,131 @@ if wanted("sharing"):
                         OUT], timeout=1500)
     check("sharing: every job and way of sharing ran as claimed", p.returncode == 0,
           f"run_sharing.py exited {p.returncode}")
+
+# ---- Issue 14: NVML's memory queries inside the process agree with cudaMemGetInfo ----------------
+# test/gpu/nvml_check.py: torch allocates, then NVML (by dlopen + dlsym, as pynvml does) and
+# torch.cuda.mem_get_info are asked, without cupool, under a cap, and as a shared budget's member.
+if wanted("nvml"):
+    for name, extra in (("nvml-limit", ["--limit", "2GiB"]), ("nvml-share", ["--limit", "4GiB", "--share-limit", "1GiB"])):
+        r = run(name, [PY, os.path.join(HERE, "nvml_check.py"), SHIM] + extra, timeout=300)
+        got = last_json(r) or {}
+        r["nvml"] = got
+        print(f"   {name}: {json.dumps(got)[:400]}", flush=True)
+        check(f"{name}: NVML's memory info under cupool is cudaMemGetInfo's, and the whole device without it",
+              r["rc"] == 0 and got.get("ok") is True, json.dumps(got.get("failures", got))[:600])
+
+# ---- Issue 16: the tools users already read: PyTorch's memory_viz, RMM's log, min-capacity ---------
+# The reference transformer under cupool (takeover, growth) and examples/policies/train_varlen.py
+# (takeover, growth): their traces exported for memory_viz (opened by torch.cuda._memory_viz,
+# test/gpu/memviz_check.py) and as RMM's CSV (every allocation and free of the trace a row), and
+# `cupool replay --min-capacity` per policy: the smallest device each fits in, beside peak live.
+if wanted("memviz"):
+    cupool_cmd = os.path.join(BUILD, "tools", "cupool")
+    varlen = os.path.join(HERE, "..", "..", "examples", "policies", "train_varlen.py")
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    for name, cmd in (("memviz-transformer-takeover-growth", [PY, TRANSFORMER]),
+                      ("memviz-varlen-takeover-growth", [PY, varlen])):
+        r = run(name, cmd, dict(nocache, MODE=name), shim={"CUPOOL_POLICY": "growth"}, timeout=300)
+        if not traced(r):
+            continue
+        prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", name) + "."
+        files = sorted(os.path.join(TRACES, f) for f in os.listdir(TRACES) if f.startswith(prefix))
+        viz_dir = os.path.join(OUT, "memviz", name)
+        p = subprocess.run([PY, os.path.join(HERE, "memviz_check.py"), "--cupool", cupool_cmd, "--out", viz_dir]
+                           + sum((["--trace", f] for f in files), []), capture_output=True, text=True, timeout=600)
+        got = results.last_json(p.stdout) or {}
+        # The pages are large; the pickle and one page are what a reader opens.
+        for f in os.listdir(viz_dir) if os.path.isdir(viz_dir) else []:
+            if f.endswith("trace_plot_segments.html") or f.endswith("trace_plot.html"):
+                os.unlink(os.path.join(viz_dir, f))
+        r["memviz"] = got
+        print(f"   memviz: {json.dumps(got)[:600]}", flush=True)
+        check(f"{name}: --memory-viz export opened by torch.cuda._memory_viz (segment_plot, trace_plot, segsum)",
+              p.returncode == 0 and got.get("ok") is True and all(t.get("segments", 0) > 0 for t in got["traces"]),
+              (json.dumps(got.get("failures") or got.get("error")) + p.stderr[-300:])[:600])
+        csv_path = os.path.join(TRACES, name + ".rmm.csv")
+        p = subprocess.run([cupool_cmd, "export", "--rmm-csv", *files, "-o", csv_path, "--no-progress"],
+                           capture_output=True, text=True, timeout=600)
+        rows = {}
+        header = ""
+        if p.returncode == 0:
+            with open(csv_path) as f:
+                header = f.readline().strip()
+                for line in f:
+                    action = line.split(",")[2]
+                    rows[action] = rows.get(action, 0) + 1
+        t = r.get("trace") or {}
+        allocs = sum(v for k, v in t.get("by_api", {}).items() if k.split(":")[0] == "alloc")
+        r["rmm_csv"] = {"rc": p.returncode, "header": header, "rows": rows, "trace_allocs": allocs}
+        print(f"   rmm-csv: {r['rmm_csv']}", flush=True)
+        check(f"{name}: --rmm-csv has RMM's header and one allocate row per allocation of the trace",
+              p.returncode == 0 and header == "Thread,Time,Action,Pointer,Size,Stream" and rows.get("allocate") == allocs
+              and rows.get("free", 0) > 0, f"{r['rmm_csv']} {p.stderr[-300:]}")
+        p = subprocess.run([cupool_cmd, "replay", "--json", "--no-progress", "--min-capacity", "--policy", "growth",
+                            "--policy", "preallocate", "--policy", "vmm", *files], capture_output=True, text=True,
+                           timeout=600)
+        try:
+            out = json.loads(p.stdout)
+        except ValueError:
+            out = None
+        caps = {}
+        for pol in (out or {}).get("policies", []):
+            mc = pol.get("min_capacity") or {}
+            caps[pol["policy"]] = {"bytes": mc.get("bytes"), "peak_requested": mc.get("peak_requested"),
+                                             "fits": mc.get("fits"), "probes": mc.get("probes")}
+        r["min_capacity"] = {"rc": p.returncode, "policies": caps}
+        print(f"   min-capacity: {r['min_capacity']}", flush=True)
+        check(f"{name}: replay --min-capacity found the smallest device for growth, preallocate and vmm",
+              out is not None and len(caps) == 3 and all(c["bytes"] and c["peak_requested"] for c in caps.values()),
+              f"rc {p.returncode} {caps} {p.stderr[-300:]}")
+
+# ---- Issue 15: the vmm policy against chunked growth and the frameworks' own allocators ----------
+# train_varlen.py (shapes vary every step) under PyTorch's caching allocator, its expandable
+# segments, cupool's growth and cupool's vmm policy (examples/policies/run_policies.py, a few of its
+# experiments); the reference transformer and JAX's MLP (platform allocator) under growth and vmm;
+# the pool-hit pair cost under both, side by side.
+if wanted("vmmpolicy"):
+    names = ["pt-caching-nocupool-1", "pt-expandable-nocupool", "pt-takeover-growth-1", "pt-takeover-growth-sync",
+             "pt-takeover-vmm-1", "pt-takeover-vmm-sync", "pt-takeover-vmm-limit-5GiB", "jax-takeover-growth",
+             "jax-takeover-vmm"]
+    vm_out = os.path.join(OUT, "vmmpolicy")
+    p = subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, vm_out],
+                       env=dict(os.environ, CUPOOL_POLICY_ONLY=",".join(names), CUPOOL_POLICY_REPEAT="1",
+                                CUPOOL_POLICY_TRACES=os.path.join(TRACES, "vmmpolicy")), timeout=900)
+    got = {}
+    if os.path.exists(os.path.join(vm_out, "policies.json")):
+        got = {r["name"]: r for r in json.load(open(os.path.join(vm_out, "policies.json")))["runs"]}
+    for name in names:
+        r = got.get(name) or {}
+        procs = r.get("processes") or []
+        rep = r.get("report")
+        ok = bool(procs) and all(x["rc"] == 0 for x in procs)
+        if "nocupool" not in name:  # under cupool: its trace was read
+            ok = ok and isinstance(rep, list) and len(rep) > 0 and all(d.get("peak_reserved") for d in rep)
+        check(f"vmmpolicy {name}: ran" + ("" if "nocupool" in name else ", and its trace was reported"), ok,
+              json.dumps({"processes": [{"rc": x["rc"], "result": x["result"]} for x in procs], "report": rep})[:500])
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    transformer_runs(
+        run("vmmpolicy-transformer-caching-nocupool-1", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
+        run("vmmpolicy-transformer-caching-nocupool-2", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
+        run("vmmpolicy-transformer-takeover-growth", TRANSFORMER_WITH_STATS, dict(nocache, MODE="growth"),
+            shim={"CUPOOL_POLICY": "growth"}),
+        run("vmmpolicy-transformer-takeover-vmm", TRANSFORMER_WITH_STATS, dict(nocache, MODE="vmm"),
+            shim={"CUPOOL_POLICY": "vmm"}))
+    platform = {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    jx = [run("vmmpolicy-jax-platform-nocupool", [PY, JAX_MLP], dict(platform, MODE="platform")),
+          run("vmmpolicy-jax-platform-growth", [PY, JAX_MLP], dict(platform, MODE="growth"), shim={"CUPOOL_POLICY": "growth"}),
+          run("vmmpolicy-jax-platform-vmm", [PY, JAX_MLP], dict(platform, MODE="vmm"), shim={"CUPOOL_POLICY": "vmm"})]
+    for r in runs:
+        if r["name"].startswith("vmmpolicy-") and "nocupool" not in r["name"]:
+            traced(r)
+    for r in jx:
+        check(f'{r["name"]}: ran', r["rc"] == 0, r["stderr"][-300:])
+    exe = os.path.join(BIN, "bench_alloc")
+    for pol in ("growth", "vmm"):
+        r = run(f"vmmpolicy-bench-{pol}-deferred-trace-off", [exe, "malloc", f"cupool {pol} deferred, trace off"],
+                shim={"CUPOOL_POLICY": pol, "CUPOOL_FREE": "deferred", "CUPOOL_TRACE": ""})
+        check(f'{r["name"]}: ran and measured', r["rc"] == 0 and last_json(r).get("median_ns") is not None)
 
 check_transformer_losses()
 

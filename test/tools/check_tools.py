@@ -1143,6 +1143,15 @@ def cmd_replay_share(opts):
         m = r["policies"][0]["min_capacity"]
         check(m["fits"] and m["bytes"] == 4 * MiB and m["peak_requested"] == 3 * MiB and m["below"]["bytes"] == 2 * MiB
               and m["below"]["failure"]["size"] == 2 * MiB, f"growth smallest device on 16 MiB: {m}, expected 4 MiB")
+        # Peak live is the recording's: the pool scenario's 6 GiB allocation, refused by its cap when
+        # recorded, is granted by the replay on the recorded device, and must not count.
+        subprocess.run([sys.executable, opts.gen, "pool", os.path.join(d, "pool.jsonl")], check=True)
+        r = json.loads(cupool("replay", "--json", "--no-progress", "pool.jsonl", "--policy", "growth",
+                              "--min-capacity", check_rc=0).stdout)
+        m = r["policies"][0]["min_capacity"]
+        live = max(x["peak_requested"] for x in r["recorded"]["devices"])
+        check(m["peak_requested"] == live and live < (1 << 30) and m["fits"] and m["bytes"] >= live,
+              f"pool: smallest device {m}, recorded peak live {live}")
 
         # Usage errors.
         cupool("replay", "frag.jsonl", "--share-wait", "1s", check_rc=2)
