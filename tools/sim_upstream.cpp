@@ -7,6 +7,7 @@ namespace cupool {
 SimUpstream::SimUpstream(std::size_t capacity, std::size_t granularity, std::uint64_t base)
     : capacity_(capacity / std::max<std::size_t>(granularity, 1) * std::max<std::size_t>(granularity, 1)),
       granularity_(std::max<std::size_t>(granularity, 1)),
+      vmm_granularity_((std::max(granularity_, kVmmGranularity) + granularity_ - 1) / granularity_ * granularity_),
       base_(base) {
   if (capacity_ > 0) free_.emplace(base_, capacity_);
 }
@@ -76,9 +77,9 @@ void SimUpstream::release(std::uint64_t base, std::size_t bytes) {
 UpstreamStatus SimUpstream::reserve_address(std::size_t bytes, std::uint64_t* va) {
   std::lock_guard lock(mu_);
   ++counters_.address_reserves;
-  if (bytes == 0 || bytes % granularity_ != 0) return UpstreamStatus::error;
+  if (bytes == 0 || bytes % vmm_granularity_ != 0) return UpstreamStatus::error;
   *va = next_va_;
-  next_va_ += bytes + granularity_;  // a gap: two ranges are never one
+  next_va_ += bytes + vmm_granularity_;  // a gap: two ranges are never one
   vas_.emplace(*va, bytes);
   return UpstreamStatus::ok;
 }
@@ -102,13 +103,13 @@ UpstreamStatus SimUpstream::map(std::uint64_t va, std::size_t bytes, int* driver
     return fail(fail_status_);
   }
   auto range = vas_.upper_bound(va);
-  if (bytes == 0 || bytes % granularity_ != 0 || va % granularity_ != 0 || range == vas_.begin() ||
+  if (bytes == 0 || bytes % vmm_granularity_ != 0 || va % vmm_granularity_ != 0 || range == vas_.begin() ||
       va + bytes > std::prev(range)->first + std::prev(range)->second)
     return fail(UpstreamStatus::error);
-  for (std::uint64_t g = va; g < va + bytes; g += granularity_)
+  for (std::uint64_t g = va; g < va + bytes; g += vmm_granularity_)
     if (mapped_.count(g)) return fail(UpstreamStatus::error);
   if (bytes + used_ + foreign_ > capacity_) return fail(UpstreamStatus::out_of_memory);
-  for (std::uint64_t g = va; g < va + bytes; g += granularity_) mapped_.insert(g);
+  for (std::uint64_t g = va; g < va + bytes; g += vmm_granularity_) mapped_.insert(g);
   used_ += bytes;
   counters_.mapped_bytes += bytes;
   counters_.total_mapped_bytes += bytes;
@@ -120,20 +121,20 @@ UpstreamStatus SimUpstream::map(std::uint64_t va, std::size_t bytes, int* driver
 void SimUpstream::unmap(std::uint64_t va, std::size_t bytes) {
   std::lock_guard lock(mu_);
   ++counters_.unmap_calls;
-  for (std::uint64_t g = va; g < va + bytes; g += granularity_) {
+  for (std::uint64_t g = va; g < va + bytes; g += vmm_granularity_) {
     if (mapped_.erase(g) == 0) {
       ++counters_.bad_unmaps;
       continue;
     }
-    used_ -= granularity_;
-    counters_.mapped_bytes -= granularity_;
-    counters_.total_unmapped_bytes += granularity_;
+    used_ -= vmm_granularity_;
+    counters_.mapped_bytes -= vmm_granularity_;
+    counters_.total_unmapped_bytes += vmm_granularity_;
   }
 }
 
 bool SimUpstream::is_mapped(std::uint64_t va, std::size_t bytes) const {
   std::lock_guard lock(mu_);
-  for (std::uint64_t g = va / granularity_ * granularity_; g < va + bytes; g += granularity_)
+  for (std::uint64_t g = va / vmm_granularity_ * vmm_granularity_; g < va + bytes; g += vmm_granularity_)
     if (!mapped_.count(g)) return false;
   return true;
 }

@@ -36,7 +36,11 @@ class SimUpstream final : public Upstream {
   void wait_fence(FenceId fence) override;
   bool capturing() override;
   // Virtual memory: address space from a region of its own (kVaBase), memory counted as mapped.
-  std::size_t vmm_granularity() override { return granularity_; }
+  // Granules are the driver's minimum mapping granularity (2 MiB on every GPU it runs on), not
+  // `granularity` (replay places chunks at 512 bytes, and a 512-byte granule would make the vmm
+  // policy's bookkeeping of a whole device's range gigabytes).
+  static constexpr std::size_t kVmmGranularity = 2u << 20;
+  std::size_t vmm_granularity() override { return vmm_granularity_; }
   UpstreamStatus reserve_address(std::size_t bytes, std::uint64_t* va) override;
   void free_address(std::uint64_t va, std::size_t bytes) override;
   UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override;
@@ -88,6 +92,7 @@ class SimUpstream final : public Upstream {
   mutable std::mutex mu_;
   const std::size_t capacity_;
   const std::size_t granularity_;
+  const std::size_t vmm_granularity_;  // a multiple of granularity_, at least kVmmGranularity
   const std::uint64_t base_;
   std::map<std::uint64_t, std::uint64_t> free_;   // base -> size, coalesced
   std::map<std::uint64_t, std::uint64_t> taken_;  // base -> size as asked

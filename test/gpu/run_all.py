@@ -576,8 +576,7 @@ if wanted("memviz"):
 # the pool-hit pair cost under both, side by side.
 if wanted("vmmpolicy"):
     names = ["pt-caching-nocupool-1", "pt-expandable-nocupool", "pt-takeover-growth-1", "pt-takeover-growth-sync",
-             "pt-takeover-vmm-1", "pt-takeover-vmm-sync", "pt-takeover-vmm-limit-5GiB", "jax-takeover-growth",
-             "jax-takeover-vmm"]
+             "pt-takeover-vmm-1", "pt-takeover-vmm-sync"]
     vm_out = os.path.join(OUT, "vmmpolicy")
     p = subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, vm_out],
                        env=dict(os.environ, CUPOOL_POLICY_ONLY=",".join(names), CUPOOL_POLICY_REPEAT="1",

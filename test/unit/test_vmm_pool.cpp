@@ -375,3 +375,19 @@ TEST_CASE("vmm policy: reserved follows in use where chunked growth fragments", 
   CHECK(v.mapped == 792 * MiB);
   CHECK(f.maps + f.unmaps == 113);
 }
+
+TEST_CASE("vmm policy: replay's device maps 2 MiB granules whatever its chunk rounding", "[vmm-policy]") {
+  // Replay places chunks at 512 bytes; granules that small made the pool's bookkeeping of a whole
+  // device's range gigabytes, and a replay of a 700-line trace take seconds.
+  SimUpstream replay_device(16 * GiB, 512);
+  CHECK(replay_device.vmm_granularity() == 2 * MiB);
+  SimUpstream coarse(16 * GiB, 4 * MiB);
+  CHECK(coarse.vmm_granularity() == 4 * MiB);
+  std::uint64_t va = 0;
+  REQUIRE(replay_device.reserve_address(8 * MiB, &va) == UpstreamStatus::ok);
+  int code = 0;
+  CHECK(replay_device.map(va, 1 * MiB, &code) == UpstreamStatus::error);  // not a whole granule
+  CHECK(replay_device.map(va + 2 * MiB, 2 * MiB, &code) == UpstreamStatus::ok);
+  CHECK(replay_device.is_mapped(va + 2 * MiB, 2 * MiB));
+  CHECK_FALSE(replay_device.is_mapped(va, 2 * MiB));
+}
