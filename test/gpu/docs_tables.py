@@ -191,9 +191,46 @@ def replay():
          "exact (peaks, chunks, failures)"], rows)
 
 
+def sharing():
+    d = load("2026-12-01-runH-sharing.json")
+    rows = [["alone", "", "growth, no cap", j, "yes" if r["finished"] else "**no**", r["step_ms"] or "",
+             f'{r["peak_reserved_mib"]:.0f} MiB', "", ""] for j, r in d["alone"].items()]
+    for sc in d["scenarios"]:
+        for i, j in enumerate(sc["jobs"]):
+            first = i == 0
+            waits = "" if j["share_waits"] is None else f'{j["share_waits"]} ({j["share_wait_s"]} s)'
+            ooms = f'{j["ooms"]} ({", ".join(j["oom_classes"])})' if j["ooms"] else "0"
+            rows.append([f'{sc["scenario"]}, {sc["budget_mib"]} MiB' if first else "",
+                         (f'{sc["finished"]}/{len(sc["jobs"])}, {sc["peak_device_used_mib"]} MiB' if first else ""),
+                         sc["way"] if first else "", f'{j["job"]} ({j["share_mib"]} MiB)',
+                         "yes" if j["finished"] else "**no**", j["step_ms"] or "", f'{j["peak_reserved_mib"]:.0f} MiB',
+                         ooms, waits])
+    return source("2026-12-01-runH-sharing.json", d["header"]) + (
+        " Each job under `cupool run --takeover` (growth unless fixed); a job's share is the budget split in "
+        "proportion to its peak alone; device peak: nvidia-smi's used memory over the idle device (it counts each "
+        "process's CUDA context too).\n\n") + table(
+        ["scenario, budget", "finished, device peak", "way", "job (share)", "finished", "median step ms",
+         "peak reserved", "out of memory", "waits (time)"], rows)
+
+
+def share_startup():
+    d = load("2026-12-01-runH-results-share-sharing.json")
+    r = by_name(d["runs"])["share-startup-cost"]
+    rows = []
+    for line in r["stdout"].splitlines():
+        if line.startswith("{"):
+            x = json.loads(line)
+            rows.append([x["members"], x["samples"], f'{x["join_us"]["median"]} us', f'{x["first_admit_us"]["median"]} us',
+                         f'{x["total_us"]["median"]} us', f'{x["total_us"]["p90"]} us'])
+    return source("2026-12-01-runH-results-share-sharing.json", d["header"]) + \
+        " `test/perf/bench_share_startup.cpp`: fresh forked processes join a budget that already has N members.\n\n" + \
+        table(["members", "samples", "join (median)", "first admission (median)", "total (median)", "total (p90)"], rows)
+
+
 TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": frameworks, "pair-cost": pair_cost, "steps": steps,
           "policies-pt": lambda: policies("pt-"), "policies-jax": lambda: policies("jax-"),
-          "policies-share": lambda: policies("share-"), "limit": limit}
+          "policies-share": lambda: policies("share-"), "limit": limit,
+          "sharing": sharing, "share-startup": share_startup}
 
 # ---- rewriting and checking ------------------------------------------------------------------------
 
