@@ -595,8 +595,8 @@ if wanted("vmmpolicy"):
               json.dumps({"processes": [{"rc": x["rc"], "result": x["result"]} for x in procs], "report": rep})[:500])
     nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     transformer_runs(
-        run("vmmpolicy-transformer-caching-nocupool-1", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
-        run("vmmpolicy-transformer-caching-nocupool-2", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
+        run("vmmpolicy-transformer-caching-1-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
+        run("vmmpolicy-transformer-caching-2-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
         run("vmmpolicy-transformer-takeover-growth", TRANSFORMER_WITH_STATS, dict(nocache, MODE="growth"),
             shim={"CUPOOL_POLICY": "growth"}),
         run("vmmpolicy-transformer-takeover-vmm", TRANSFORMER_WITH_STATS, dict(nocache, MODE="vmm"),
