@@ -136,8 +136,8 @@ def steps():
          "allocations in the trace"], rows)
 
 
-def policies(kind):
-    b = load("2026-12-01-runB-policies.json")
+def policies(kind, name="2026-12-01-runB-policies.json"):
+    b = load(name)
     rows = []
     for run in b["runs"]:
         if not run["name"].startswith(kind):
@@ -157,7 +157,7 @@ def policies(kind):
                          f"{frag['at_peak_in_use'] * 100:.1f}%" if frag else "", d.get("ooms", "")]
             rows.append([run["name"] + (f" (process {i + 1})" if len(run["processes"]) > 1 else ""), p["rc"],
                          res.get("median_step_ms", ""), res.get("loss_hex") or res.get("checksum", "")] + cells)
-    return source("2026-12-01-runB-policies.json", b["header"]) + " *: PyTorch's own count " + \
+    return source(name, b["header"]) + " *: PyTorch's own count " + \
         "(`torch.cuda.max_memory_allocated` / `max_memory_reserved`), where no trace saw its memory.\n\n" + table(
         ["run", "exit", "median step ms", "exact loss / checksum", "peak in use", "peak reserved", "reserved / in use",
          "fragmentation at peak in use", "out of memory"], rows)
@@ -227,10 +227,50 @@ def share_startup():
         table(["members", "samples", "join (median)", "first admission (median)", "total (median)", "total (p90)"], rows)
 
 
+def vmm_others():
+    name = "2026-12-02-runJ-results-nvml-vmmpolicy.json"
+    d = load(name)
+    rows = []
+    for r in d["runs"]:
+        if not r["name"].startswith("vmmpolicy-") or "-bench-" in r["name"]:
+            continue
+        t = r.get("trace") or {}
+        ratio = f'{t["peak_reserved"] / t["peak_in_use"]:.3f}' if t.get("peak_in_use") else ""
+        rows.append([r["name"].replace("vmmpolicy-", ""), r["rc"], field(r"step=([\d.]+) ms", r["stdout"]),
+                     exact_result(r["stdout"]) or "",
+                     f'{t["peak_in_use"] // MiB} MiB' if t.get("peak_in_use") else "",
+                     f'{t["peak_reserved"] // MiB} MiB' if t.get("peak_reserved") else "", ratio])
+    bench = [[r["name"].replace("vmmpolicy-", ""), last_json(r.get("stdout")).get("median_ns")]
+             for r in d["runs"] if "-bench-" in r["name"]]
+    return source(name, d["header"]) + " Peaks from each run's trace; the runs without cupool have none.\n\n" + table(
+        ["run", "exit", "median step ms", "exact loss", "peak in use", "peak reserved", "reserved / in use"], rows) + \
+        "\n\nPool-hit pair cost (`test/gpu/bench_alloc.cu`, 64 MiB, 8 threads, one run each):\n\n" + table(
+        ["run", "median ns"], bench)
+
+
+def min_capacity():
+    name = "2026-12-02-runK-results-memviz.json"
+    d = load(name)
+    rows = []
+    for r in d["runs"]:
+        mc = r.get("min_capacity")
+        if not mc:
+            continue
+        for pol, c in mc["policies"].items():
+            rows.append([r["name"].replace("memviz-", ""), pol, f'{c["peak_requested"] / MiB:.1f} MiB',
+                         f'{c["bytes"] / MiB:.1f} MiB', f'{(c["bytes"] - c["peak_requested"]) / MiB:.1f} MiB',
+                         f'{c["bytes"] / c["peak_requested"]:.3f}', c["probes"]])
+    return source(name, d["header"]) + (" `cupool replay --min-capacity` of each run's trace (recorded under "
+                                        "`--takeover`, growth), per policy, on the simulated device.\n\n") + table(
+        ["trace", "policy", "peak live", "smallest device", "what fragmentation costs", "smallest / peak live", "probes"], rows)
+
+
 TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": frameworks, "pair-cost": pair_cost, "steps": steps,
           "policies-pt": lambda: policies("pt-"), "policies-jax": lambda: policies("jax-"),
           "policies-share": lambda: policies("share-"), "limit": limit,
-          "sharing": sharing, "share-startup": share_startup}
+          "sharing": sharing, "share-startup": share_startup,
+          "vmm-varlen": lambda: policies("pt-", "2026-12-02-runJ-vmmpolicy-policies.json"), "vmm-others": vmm_others,
+          "min-capacity": min_capacity}
 
 # ---- rewriting and checking ------------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ replay --min-capacity), vmmpolicy (the vmm policy against growth and the framewo
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -197,8 +198,13 @@ def traced(r, at_least=1):
 
 
 # Traces stay on the machine (only a few result files travel back).
-TRACES = os.environ.get("CUPOOL_GPU_TRACES", "/tmp/cupool-gpu-traces")
+# One folder per call, emptied first: a machine kept warm between calls still holds the last
+# call's traces, and a run's files are found by name (runL of 2026-12-02 counted both calls').
+TRACES = os.path.join(os.environ.get("CUPOOL_GPU_TRACES", "/tmp/cupool-gpu-traces"), os.path.basename(OUT))
+shutil.rmtree(TRACES, ignore_errors=True)
 os.makedirs(TRACES, exist_ok=True)
+os.environ.setdefault("CUPOOL_SHARING_TRACES", os.path.join(TRACES, "sharing"))
+os.environ.setdefault("CUPOOL_POLICY_TRACES", os.path.join(TRACES, "policies"))
 TRANSFORMER = os.path.join(WORKLOADS, "transformer_step.py")
 JAX_MLP = os.path.join(WORKLOADS, "jax_mlp_step.py")
 TORCH_MODES = {
