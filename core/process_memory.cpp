@@ -13,9 +13,6 @@ namespace cupool {
 
 namespace {
 
-// A context's upstream with the shared budget in front: a chunk is admitted before the driver is
-// asked (and given back to the budget if the driver refuses), and given back after the driver
-// has it back. The budget's refusal is its own status: the pool's out-of-memory class `share`.
 // One allocation's dealings with the shared budget (ProcessMemory::allocate makes one per call,
 // on its thread): the pool may ask for a chunk several times (a large one, then just what is
 // needed, then again after giving back its own free chunks), and the allocation waits for others
@@ -26,19 +23,16 @@ struct ShareAsk {
 };
 thread_local ShareAsk* t_share_ask = nullptr;
 
+// A context's upstream with the shared budget in front: a chunk (or, under the vmm policy, a run
+// of granules) is admitted before the driver is asked (and given back to the budget if the
+// driver refuses), and given back after the driver has it back. The budget's refusal is its own
+// status: the pool's out-of-memory class `share`.
 class BudgetedUpstream final : public Upstream {
  public:
   BudgetedUpstream(Upstream& inner, SharedBudget& share, ContextMemory& c, std::uint64_t wait_ns, bool asks_smaller)
       : inner_(inner), share_(share), c_(c), wait_ns_(wait_ns), asks_smaller_(asks_smaller) {}
   UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override {
-    if (!admit(bytes)) {
-      *driver_code = 0;
-      return UpstreamStatus::share_exhausted;
-    }
-    const UpstreamStatus st = inner_.reserve(bytes, base, driver_code);
-    if (st != UpstreamStatus::ok) share_.release(c_.device, bytes);
-    publish();
-    return st;
+    return admitted(bytes, driver_code, [&] { return inner_.reserve(bytes, base, driver_code); });
   }
   // May be called with the pool's lock held (a chunk the pool could not take): no publish here.
   void release(std::uint64_t base, std::size_t bytes) override {
@@ -59,14 +53,7 @@ class BudgetedUpstream final : public Upstream {
   }
   void free_address(std::uint64_t va, std::size_t bytes) override { inner_.free_address(va, bytes); }
   UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override {
-    if (!admit(bytes)) {
-      *driver_code = 0;
-      return UpstreamStatus::share_exhausted;
-    }
-    const UpstreamStatus st = inner_.map(va, bytes, driver_code);
-    if (st != UpstreamStatus::ok) share_.release(c_.device, bytes);
-    publish();
-    return st;
+    return admitted(bytes, driver_code, [&] { return inner_.map(va, bytes, driver_code); });
   }
   void unmap(std::uint64_t va, std::size_t bytes) override {
     inner_.unmap(va, bytes);
@@ -75,6 +62,19 @@ class BudgetedUpstream final : public Upstream {
 
  private:
   std::uint64_t total() const { return c_.device_total; }
+  // Memory the budget admitted first, then taken from the driver (`take`); given back to the
+  // budget if the driver refuses.
+  template <class Take>
+  UpstreamStatus admitted(std::size_t bytes, int* driver_code, Take take) {
+    if (!admit(bytes)) {
+      *driver_code = 0;
+      return UpstreamStatus::share_exhausted;
+    }
+    const UpstreamStatus st = take();
+    if (st != UpstreamStatus::ok) share_.release(c_.device, bytes);
+    publish();
+    return st;
+  }
   // No room: this process's own wholly free chunks go back first (they did not fit the request,
   // but the room they free in the budget may). A growth chunk larger than the allocation needs is
   // refused at once, since the pool then asks for just what it needs; that ask waits, and every

@@ -348,13 +348,39 @@ UpstreamStatus DriverUpstream::reserve_address(std::size_t bytes, std::uint64_t*
   const CUresult rc = CUPOOL_REAL(cuMemAddressReserve)(&ptr, bytes, vmm_granularity(), 0, 0);
   if (rc != CUDA_SUCCESS) return rc == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
   *va = ptr;
+  std::lock_guard lock(vmm_mutex_);
+  vmm_ranges_[ptr] = bytes;
   return UpstreamStatus::ok;
 }
 
 void DriverUpstream::free_address(std::uint64_t va, std::size_t bytes) {
   if (detached_) return;
+  {
+    std::lock_guard lock(vmm_mutex_);
+    vmm_ranges_.erase(va);
+  }
   ContextScope scope(ctx_);
   CUPOOL_REAL(cuMemAddressFree)(static_cast<CUdeviceptr>(va), bytes);
+}
+
+void DriverUpstream::release_virtual_memory() {
+  if (detached_) return;
+  std::unordered_map<std::uint64_t, CUmemGenericAllocationHandle> handles;
+  std::unordered_map<std::uint64_t, std::size_t> ranges;
+  {
+    std::lock_guard lock(vmm_mutex_);
+    handles.swap(granule_handles_);
+    ranges.swap(vmm_ranges_);
+  }
+  if (handles.empty() && ranges.empty()) return;
+  const std::size_t g = granularity_.load(std::memory_order_acquire);
+  ContextScope scope(ctx_);
+  driver().ctx_synchronize();  // cuMemUnmap does not wait for the device: its queued work ends first
+  for (const auto& [at, h] : handles) {
+    CUPOOL_REAL(cuMemUnmap)(static_cast<CUdeviceptr>(at), g);
+    CUPOOL_REAL(cuMemRelease)(h);
+  }
+  for (const auto& [va, bytes] : ranges) CUPOOL_REAL(cuMemAddressFree)(static_cast<CUdeviceptr>(va), bytes);
 }
 
 UpstreamStatus DriverUpstream::map(std::uint64_t va, std::size_t bytes, int* driver_code) {

@@ -63,6 +63,10 @@ class DriverUpstream final : public Upstream {
   UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override;
   void unmap(std::uint64_t va, std::size_t bytes) override;
 
+  // The context is about to go (reset or destroy): the driver frees its cuMemAlloc memory with
+  // it but not cuMemCreate memory, so the vmm policy's granules and virtual range are given back
+  // here, once the device has finished with them. Call before detach().
+  void release_virtual_memory();
   // The context is gone (reset or destroyed) or the process is exiting: call nothing more.
   void detach() { detached_ = true; }
   CUcontext context() const { return ctx_; }
@@ -107,6 +111,7 @@ class DriverUpstream final : public Upstream {
   // The vmm policy's granules: the handle mapped at each granule's address.
   std::mutex vmm_mutex_;
   std::unordered_map<std::uint64_t, CUmemGenericAllocationHandle> granule_handles_;
+  std::unordered_map<std::uint64_t, std::size_t> vmm_ranges_;  // reserve_address's ranges, by address
   std::atomic<std::size_t> granularity_{0};  // 0: not asked yet
   bool vmm_unsupported_ = false;             // the driver has no VMM (under vmm_mutex_)
 };

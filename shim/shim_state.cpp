@@ -248,6 +248,10 @@ namespace {
 // says so.
 std::function<void(ContextPool&)> dropping(const char* api) {
   return [api](ContextPool& cp) {
+    // cuMemCreate memory outlives its context: what cupool holds of it goes back first (the VMM
+    // cache's kept mappings, the vmm policy's granules), or the device loses it for good.
+    g_memory->vmm_evict(&cp);
+    driver_upstream(cp).release_virtual_memory();
     driver_upstream(cp).detach();
     drop_graph_memory(cp);
     if (tracing()) {

@@ -288,14 +288,15 @@ int main() {
 
     DRV(cuStreamDestroy_v2(s));
 
-    // ---- a context reset: what cupool kept for it is forgotten without a driver call, and the
-    // new context starts afresh
+    // ---- a context reset: cuMemCreate memory outlives the context, so what cupool kept of it is
+    // given back for real (unmap, release, address free: driver calls), and the new context
+    // starts afresh (prog_reset checks that no byte is lost)
     {
         Buffer a = allocate(g);
         release(a);
         const unsigned long long calls = vmm_calls();
         DRV(cuDevicePrimaryCtxReset_v2(0));
-        EXPECT(vmm_calls() == calls);
+        EXPECT(expect_cache ? vmm_calls() >= calls + 3 : vmm_calls() == calls);
         DRV(cuDevicePrimaryCtxRetain(&ctx, 0));
         DRV(cuCtxSetCurrent(ctx));
         Buffer b = allocate(g);
