@@ -11,6 +11,12 @@ using trace::EventKind;
 
 namespace {
 
+// MemoryViz.js reads integers of at most 8 bytes, as signed: a larger one (a refused request of
+// SIZE_MAX bytes) stops the whole page from loading. Such a value is written as 2^63 - 1.
+void page_integer(PickleWriter& p, std::uint64_t v) {
+  p.integer(static_cast<std::int64_t>(std::min<std::uint64_t>(v, static_cast<std::uint64_t>(INT64_MAX))));
+}
+
 constexpr std::uint64_t kBlockAlignment = 512;  // the pool's block granularity (core/suballocator.h)
 constexpr std::uint64_t kSmallSegment = 1 << 20;  // PyTorch calls segments of at most 1 MiB "small"
 
@@ -279,12 +285,12 @@ void MemoryVizWriter::write_segments(PickleWriter& p, const Lane& l, int index) 
     }
     p.begin_dict();
     p.str_memo("device"); p.integer(index); p.item();
-    p.str_memo("address"); p.unsigned_integer(addr); p.item();
-    p.str_memo("total_size"); p.unsigned_integer(seg.size); p.item();
-    p.str_memo("allocated_size"); p.unsigned_integer(allocated); p.item();
-    p.str_memo("active_size"); p.unsigned_integer(active); p.item();
-    p.str_memo("requested_size"); p.unsigned_integer(requested); p.item();
-    p.str_memo("stream"); p.unsigned_integer(seg.stream); p.item();
+    p.str_memo("address"); page_integer(p, addr); p.item();
+    p.str_memo("total_size"); page_integer(p, seg.size); p.item();
+    p.str_memo("allocated_size"); page_integer(p, allocated); p.item();
+    p.str_memo("active_size"); page_integer(p, active); p.item();
+    p.str_memo("requested_size"); page_integer(p, requested); p.item();
+    p.str_memo("stream"); page_integer(p, seg.stream); p.item();
     p.str_memo("segment_type"); p.str_memo(seg.size <= kSmallSegment ? "small" : "large"); p.item();
     p.str_memo("segment_pool_id"); p.integer(0); p.integer(0); p.tuple2(); p.item();
     p.str_memo("is_expandable"); p.boolean(seg.kind == SegmentKind::mapping); p.item();
@@ -294,9 +300,9 @@ void MemoryVizWriter::write_segments(PickleWriter& p, const Lane& l, int index) 
     p.begin_list();
     auto block = [&](std::uint64_t at, std::uint64_t size, std::uint64_t req, const char* state) {
       p.begin_dict();
-      p.str_memo("address"); p.unsigned_integer(at); p.item();
-      p.str_memo("size"); p.unsigned_integer(size); p.item();
-      p.str_memo("requested_size"); p.unsigned_integer(req); p.item();
+      p.str_memo("address"); page_integer(p, at); p.item();
+      p.str_memo("size"); page_integer(p, size); p.item();
+      p.str_memo("requested_size"); page_integer(p, req); p.item();
       p.str_memo("state"); p.str_memo(state); p.item();
       p.str_memo("frames"); p.begin_list(); p.end(); p.item();
       p.end();
@@ -344,10 +350,10 @@ void MemoryVizWriter::finish() {
       for (const Entry& e : l->entries) {
         p.begin_dict();
         p.str_memo("action"); p.str_memo(kActionNames[static_cast<int>(e.action)]); p.item();
-        p.str_memo(e.action == Action::oom ? "device_free" : "addr"); p.unsigned_integer(e.addr); p.item();
-        p.str_memo("size"); p.unsigned_integer(e.size); p.item();
-        p.str_memo("stream"); p.unsigned_integer(e.stream); p.item();
-        p.str_memo("time_us"); p.unsigned_integer(e.time_us); p.item();
+        p.str_memo(e.action == Action::oom ? "device_free" : "addr"); page_integer(p, e.addr); p.item();
+        p.str_memo("size"); page_integer(p, e.size); p.item();
+        p.str_memo("stream"); page_integer(p, e.stream); p.item();
+        p.str_memo("time_us"); page_integer(p, e.time_us); p.item();
         p.str_memo("frames"); p.begin_list(); p.end(); p.item();
         p.end();
         p.item();
@@ -374,7 +380,7 @@ void MemoryVizWriter::finish() {
     p.str_memo("device"); p.integer(l->device); p.item();
     p.str_memo("pid"); p.integer(s.pid); p.item();
     p.str_memo("trace"); p.str(s.path); p.item();
-    p.str_memo("entries_left_out"); p.unsigned_integer(l->dropped); p.item();
+    p.str_memo("entries_left_out"); page_integer(p, l->dropped); p.item();
     p.end();
     p.item();
   }

@@ -919,6 +919,19 @@ def cmd_formats(opts):
             with open(export("memory-viz", *traces, extra=extra), "rb") as f:
                 return pickle.load(f)
 
+        # A refused request of SIZE_MAX bytes: MemoryViz.js reads no integer over 8 bytes, so the
+        # page gets 2^63 - 1 (and no LONG1 of 9 bytes), or it could not open the snapshot at all.
+        with open(os.path.join(d, "pool.jsonl")) as f, open(os.path.join(d, "huge.jsonl"), "w") as out:
+            for line in f:
+                if '"ev":"oom"' in line:
+                    line = line.replace('"size":6442450944', '"size":18446744073709551615')
+                out.write(line)
+        raw = open(export("memory-viz", "huge.jsonl"), "rb").read()
+        ooms = [e for t in pickle.loads(raw)["device_traces"] for e in t if e["action"] == "oom"]
+        long1 = b"\x8a\x09" in raw
+        check(not long1 and [e["size"] for e in ooms] == [2**63 - 1],
+              f"a SIZE_MAX request: oom entries {ooms}, LONG1 of 9 bytes {long1}")
+
         # The pool scenario, whose blocks lie in its chunks: numbers against the trace.
         lines = trace_lines(os.path.join(d, "pool.jsonl"))
         events = [x for x in lines if x["type"] == "event"]
