@@ -138,6 +138,12 @@ void* real_function(HookId id) {
 
 void learn_real_function(HookId id, void* fn) {
   if (fn == nullptr || is_wrapper(fn)) return;
+  // NVML is the program's to load and unload (cupool never holds it open): after a dlclose and a
+  // dlopen it may lie elsewhere, and the address the program looked up last is the live one.
+  if (hook(id).kind == HookKind::nvml) {
+    g_real[static_cast<int>(id)].store(fn, std::memory_order_release);
+    return;
+  }
   void* expected = nullptr;
   g_real[static_cast<int>(id)].compare_exchange_strong(expected, fn, std::memory_order_acq_rel);
 }
