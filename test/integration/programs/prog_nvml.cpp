@@ -15,6 +15,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
+#include <sys/mman.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -190,6 +191,38 @@ int main() {
     }
     NVML(nvml[0].shutdown());
     EXPECT(checked == static_cast<int>(nvml.size()));
+
+#ifdef PROG_NVML_DLOPEN_ONLY
+    // NVML unloaded, then loaded again at another address (the old one blocked): the functions
+    // looked up again must answer. A hook that kept the first address it learnt would jump into
+    // memory that is no longer NVML's.
+    {
+        Dl_info info{};
+        EXPECT(dladdr(reinterpret_cast<void*>(nvml[0].init), &info) != 0 && info.dli_fbase != nullptr);
+        void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD);
+        EXPECT(lib != nullptr);
+        dlclose(lib);  // this lookup's reference
+        dlclose(lib);  // by_dlsym's
+        EXPECT(dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_NOLOAD) == nullptr);  // unloaded
+        const size_t blocked = 4096;  // the first page: the library cannot start there again
+        void* block = mmap(info.dli_fbase, blocked, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+        EXPECT(block == info.dli_fbase);
+        const Nvml again = by_dlsym();
+        Dl_info moved{};
+        EXPECT(dladdr(reinterpret_cast<void*>(again.init), &moved) != 0 && moved.dli_fbase != info.dli_fbase);
+        NVML(again.init());
+        nvmlDevice_t d = nullptr;
+        NVML(again.handle(0, &d));
+        nvmlMemory_t m{};
+        NVML(again.memory(d, &m));
+        nvmlMemory_v2_t m2{};
+        m2.version = nvmlMemory_v2;
+        NVML(again.memory_v2(d, &m2));
+        EXPECT(m.total > 0 && m2.total == m.total);
+        NVML(again.shutdown());
+        if (block != MAP_FAILED) munmap(block, blocked);
+    }
+#endif
 
     for (void* p : buffers) {
         RT(cudaFree(p));
