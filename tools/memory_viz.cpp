@@ -85,7 +85,8 @@ void MemoryVizWriter::evict_range(Lane& l, std::uint64_t lo, std::uint64_t hi, s
 void MemoryVizWriter::add_segment(Lane& l, std::uint64_t addr, const Segment& s, std::uint64_t t) {
   evict_range(l, addr, addr + s.size, t, true);
   l.segments[addr] = s;
-  add(l, s.kind == SegmentKind::mapping ? Action::segment_map : Action::segment_alloc, addr, s.size, s.stream, t);
+  const bool mapped = s.kind == SegmentKind::mapping || s.kind == SegmentKind::granules;
+  add(l, mapped ? Action::segment_map : Action::segment_alloc, addr, s.size, s.stream, t);
 }
 
 void MemoryVizWriter::drop_segment(Lane& l, std::map<std::uint64_t, Segment>::iterator it, std::uint64_t t) {
@@ -96,7 +97,42 @@ void MemoryVizWriter::drop_segment(Lane& l, std::map<std::uint64_t, Segment>::it
     inside.push_back(b->first);
   for (std::uint64_t b : inside) complete(l, b, t);
   l.segments.erase(addr);
-  add(l, s.kind == SegmentKind::mapping ? Action::segment_unmap : Action::segment_free, addr, s.size, s.stream, t);
+  const bool mapped = s.kind == SegmentKind::mapping || s.kind == SegmentKind::granules;
+  add(l, mapped ? Action::segment_unmap : Action::segment_free, addr, s.size, s.stream, t);
+}
+
+// Granules of the vmm policy mapped at [addr, addr + size): joined with the runs they touch, so
+// that a block over granules of two maps lies in one segment.
+void MemoryVizWriter::map_granules(Lane& l, std::uint64_t addr, std::uint64_t size, std::uint64_t t) {
+  std::uint64_t lo = addr, hi = addr + size;
+  for (std::uint64_t at : overlapping(l.segments, addr > 0 ? addr - 1 : 0, hi + 1)) {
+    auto it = l.segments.find(at);
+    if (it->second.kind != SegmentKind::granules) {
+      if (at < addr + size && at + it->second.size > addr) drop_segment(l, it, t);  // lost events left it here
+      continue;
+    }
+    lo = std::min(lo, at);
+    hi = std::max(hi, at + it->second.size);
+    l.segments.erase(it);
+  }
+  l.segments[lo] = Segment{hi - lo, 0, SegmentKind::granules};
+  add(l, Action::segment_map, addr, size, 0, t);
+}
+
+// Granules unmapped: the runs they lay in are cut (no block is left on them; any the trace still
+// shows there is freed).
+void MemoryVizWriter::unmap_granules(Lane& l, std::uint64_t addr, std::uint64_t size, std::uint64_t t) {
+  const std::uint64_t hi = addr + size;
+  evict_range(l, addr, hi, t, false);
+  for (std::uint64_t at : overlapping(l.segments, addr, hi)) {
+    auto it = l.segments.find(at);
+    if (it->second.kind != SegmentKind::granules) continue;
+    const std::uint64_t end = at + it->second.size;
+    l.segments.erase(it);
+    if (at < addr) l.segments[at] = Segment{addr - at, 0, SegmentKind::granules};
+    if (end > hi) l.segments[hi] = Segment{end - hi, 0, SegmentKind::granules};
+  }
+  add(l, Action::segment_unmap, addr, size, 0, t);
 }
 
 // The block at `addr` is free again: free_requested (unless it was already), free_completed.
@@ -123,7 +159,8 @@ void MemoryVizWriter::allocate(Lane& l, const Event& e, std::uint64_t t) {
     auto seg = l.segments.upper_bound(e.ptr);
     if (seg != l.segments.begin()) {
       --seg;
-      if (seg->second.kind == SegmentKind::chunk && e.ptr + size <= seg->first + seg->second.size) {
+      if ((seg->second.kind == SegmentKind::chunk || seg->second.kind == SegmentKind::granules) &&
+          e.ptr + size <= seg->first + seg->second.size) {
         evict_range(l, e.ptr, e.ptr + size, t, false);  // blocks only: the chunk stays
         l.blocks[e.ptr] = Block{size, e.size, stream, false};
         add(l, Action::alloc, e.ptr, e.size, stream, t);
@@ -227,14 +264,19 @@ void MemoryVizWriter::visit(std::size_t source, const Event& e, TraceInput& inpu
       }
       break;
     case EventKind::grow:
-      if (e.rc == 0 && e.ptr != 0 && e.size != 0 && e.device >= 0)
-        add_segment(lane(source, e.device), e.ptr, Segment{e.size, 0, SegmentKind::chunk}, t);
+      if (e.rc == 0 && e.ptr != 0 && e.size != 0 && e.device >= 0) {
+        if (e.granules) map_granules(lane(source, e.device), e.ptr, e.size, t);
+        else add_segment(lane(source, e.device), e.ptr, Segment{e.size, 0, SegmentKind::chunk}, t);
+      }
       break;
     case EventKind::release:
       if (e.device >= 0) {
         Lane& l = lane(source, e.device);
-        if (auto it = l.segments.find(e.ptr); it != l.segments.end() && it->second.kind == SegmentKind::chunk)
+        if (e.granules) {
+          if (e.size != 0) unmap_granules(l, e.ptr, e.size, t);
+        } else if (auto it = l.segments.find(e.ptr); it != l.segments.end() && it->second.kind == SegmentKind::chunk) {
           drop_segment(l, it, t);
+        }
       }
       break;
     case EventKind::vmm_map:
@@ -293,7 +335,7 @@ void MemoryVizWriter::write_segments(PickleWriter& p, const Lane& l, int index) 
     p.str_memo("stream"); page_integer(p, seg.stream); p.item();
     p.str_memo("segment_type"); p.str_memo(seg.size <= kSmallSegment ? "small" : "large"); p.item();
     p.str_memo("segment_pool_id"); p.integer(0); p.integer(0); p.tuple2(); p.item();
-    p.str_memo("is_expandable"); p.boolean(seg.kind == SegmentKind::mapping); p.item();
+    p.str_memo("is_expandable"); p.boolean(seg.kind == SegmentKind::mapping || seg.kind == SegmentKind::granules); p.item();
     p.str_memo("frames"); p.begin_list(); p.end(); p.item();
     // The blocks tile the segment from its start: free gaps become inactive blocks.
     p.str_memo("blocks");

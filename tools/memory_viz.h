@@ -46,7 +46,9 @@ class MemoryVizWriter final : public EventVisitor {
     std::uint64_t addr;  // oom: the device's free bytes
     std::uint64_t size, stream, time_us;
   };
-  enum class SegmentKind : std::uint8_t { chunk, outside, mapping };
+  // granules: mapped runs of the vmm policy's range (adjacent maps joined, unmaps cut them),
+  // shown as PyTorch shows its expandable segments.
+  enum class SegmentKind : std::uint8_t { chunk, outside, mapping, granules };
   struct Segment {
     std::uint64_t size = 0, stream = 0;
     SegmentKind kind = SegmentKind::chunk;
@@ -84,6 +86,8 @@ class MemoryVizWriter final : public EventVisitor {
   void settle_quarantine(Lane& l, std::uint64_t quarantined, std::uint64_t t);
   void add_segment(Lane& l, std::uint64_t addr, const Segment& s, std::uint64_t t);
   void drop_segment(Lane& l, std::map<std::uint64_t, Segment>::iterator it, std::uint64_t t);
+  void map_granules(Lane& l, std::uint64_t addr, std::uint64_t size, std::uint64_t t);
+  void unmap_granules(Lane& l, std::uint64_t addr, std::uint64_t size, std::uint64_t t);
   // `segments`: the segments overlapping too (with their blocks), else blocks only.
   void evict_range(Lane& l, std::uint64_t lo, std::uint64_t hi, std::uint64_t t, bool segments);
   void oom(Lane& l, const Event& e, TraceInput& input);

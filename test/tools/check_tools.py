@@ -919,6 +919,19 @@ def cmd_formats(opts):
             with open(export("memory-viz", *traces, extra=extra), "rb") as f:
                 return pickle.load(f)
 
+        # The vmm policy's granules: maps joined into one expandable segment (a block over two
+        # maps lies in it), an unmap cuts it; no chunk segments, nothing outside.
+        gen(opts, "vmm", os.path.join(d, "vmm.jsonl"))
+        snap = snapshot("vmm.jsonl")
+        check_snapshot(snap, "vmm")
+        base = 0x100000000000
+        acts = [(e["action"], e["addr"] - base, e["size"] // MiB) for e in snap["device_traces"][0]]
+        check(acts == [("segment_map", 0, 2), ("alloc", 0, 1), ("segment_map", 2 * MiB, 2), ("alloc", MiB, 3),
+                       ("free_requested", MiB, 3), ("free_completed", MiB, 3), ("segment_unmap", 2 * MiB, 2),
+                       ("free_requested", 0, 1), ("free_completed", 0, 1)], f"vmm: trace entries {acts}")
+        segs = [(x["address"] - base, x["total_size"], x["is_expandable"]) for x in snap["segments"]]
+        check(segs == [(0, 2 * MiB, True)], f"vmm: segments {segs}, expected the first map's 2 MiB, expandable")
+
         # A refused request of SIZE_MAX bytes: MemoryViz.js reads no integer over 8 bytes, so the
         # page gets 2^63 - 1 (and no LONG1 of 9 bytes), or it could not open the snapshot at all.
         with open(os.path.join(d, "pool.jsonl")) as f, open(os.path.join(d, "huge.jsonl"), "w") as out:

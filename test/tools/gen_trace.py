@@ -392,6 +392,40 @@ def main():
             else:
                 w.event("free", api="cudaFree", path="symbol", ptr=ptr, dur=1000)
         w.footer()
+    elif a.scenario == "vmm":
+        # The vmm policy: granules mapped and unmapped inside one range ("granules":true), a block
+        # spanning granules of two maps, an unmap of part of what was mapped.
+        w = Writer(out, a.pid, ["./vmm"], config("vmm"))
+        w.device(0, dev_name, dev_total)
+        base = 0x100000000000
+        state = {"reserved": 0, "in_use": 0}
+
+        def pool():
+            return {"reserved": state["reserved"], "in_use": state["in_use"], "largest_free": 0,
+                    "quarantined": 0, "free_blocks": 0}
+
+        def step(ev, ptr, size, api=""):
+            w.t += 1000
+            if ev == "grow":
+                state["reserved"] += size
+            elif ev == "release":
+                state["reserved"] -= size
+            elif ev == "alloc":
+                state["in_use"] += size
+            elif ev == "free":
+                state["in_use"] -= size
+            extra = {"granules": True} if ev in ("grow", "release") else None
+            path = "symbol" if api else "none"
+            w.event(ev, api=api, path=path, size=size if ev != "free" else 0, ptr=ptr, dur=1000, pool=pool(), extra=extra)
+
+        step("grow", base, 2 * MiB)
+        step("alloc", base, 1 * MiB, "cudaMalloc")
+        step("grow", base + 2 * MiB, 2 * MiB)
+        step("alloc", base + 1 * MiB, 3 * MiB, "cudaMalloc")  # over both maps
+        step("free", base + 1 * MiB, 3 * MiB, "cudaFree")
+        step("release", base + 2 * MiB, 2 * MiB)  # the second map's granule, idle again
+        step("free", base, 1 * MiB, "cudaFree")
+        w.footer()
     elif a.scenario in ("share-a", "share-b"):
         # Wall-clock milliseconds after both traces opened (one start_unix_ns): a holds 6 MiB at
         # 1-3 and 9-10, b 4 MiB at 5-7. Their monotonic clocks are 49 s apart (other boots):
