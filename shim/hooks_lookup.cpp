@@ -66,6 +66,13 @@ extern "C" __attribute__((visibility("default"))) void* dlsym(void* handle, cons
   void* fn = handle == RTLD_NEXT ? lookup_next(__builtin_return_address(0), name) : real_dlsym()(handle, name);
   if (fn == nullptr || !may_be_hooked(name)) return fn;
   const HookEntry* entry = hook_of_wrapper(fn);
+  if (entry != nullptr && handle == RTLD_DEFAULT) {
+    // The search found cupool's own export: without cupool it would have found the next
+    // definition, or none (NVML, or CUDA, not loaded): the program must see the same.
+    void* next = real_dlsym()(RTLD_NEXT, name);
+    if (next == nullptr) return nullptr;
+    learn_real_function(id_of(*entry), next);
+  }
   if (entry == nullptr) {
     entry = find_hook_by_symbol(name);
     if (entry == nullptr || entry->kind == HookKind::loader) return fn;

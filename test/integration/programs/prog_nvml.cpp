@@ -110,6 +110,12 @@ nvmlMemory_t ask(const Nvml& n, nvmlDevice_t d) {
 }  // namespace
 
 int main() {
+#ifdef PROG_NVML_DLOPEN_ONLY
+    // NVML is not loaded yet: a global lookup finds nothing, as it would without cupool (whose
+    // own exports of NVML's names must not answer for it).
+    EXPECT(dlsym(RTLD_DEFAULT, "nvmlDeviceGetMemoryInfo") == nullptr);
+    EXPECT(dlsym(RTLD_DEFAULT, "nvmlDeviceGetMemoryInfo_v2") == nullptr);
+#endif
     const unsigned long long expect_total = env_bytes("PROG_EXPECT_TOTAL");
     const unsigned long long free_at_most = env_bytes("PROG_EXPECT_FREE_AT_MOST");
     std::vector<Nvml> nvml = ways();
