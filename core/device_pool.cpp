@@ -276,7 +276,10 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
 // growth_chunk_max; never more than the cap leaves, and if the driver refuses a chunk larger
 // than needed, ask once more for just what is needed.
 DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
-  if (vmm_) return map_block(lk, bytes);
+  if (vmm_) {
+    Grow g = map_block(lk, bytes);
+    if (g.ptr || vmm_) return g;  // else the range could not be reserved: grow in chunks
+  }
   const std::uint64_t left = headroom();
   std::uint64_t need = round_up(bytes, kChunkGranularity);
   if (need > left && bytes <= round_down(left, Suballocator::kAlignment))
@@ -408,7 +411,9 @@ bool DevicePool::vmm_setup(Lock& lk, Grow* fail) {
   if (vmm_size_ != 0) return true;
   if (vmm_busy_) {
     transit_cv_.wait(lk, [&] { return !vmm_busy_ || abandoned_; });
-    return vmm_size_ != 0;
+    if (vmm_size_ != 0) return true;
+    *fail = {0, OomClass::device, 0};
+    return false;
   }
   const std::uint64_t g = up_.vmm_granularity();
   const std::uint64_t size = round_up(std::max<std::uint64_t>(cap_, g) * kRangeOverCap, g);
@@ -423,6 +428,9 @@ bool DevicePool::vmm_setup(Lock& lk, Grow* fail) {
   if (id == Suballocator::kNoChunk) {
     if (st == UpstreamStatus::ok) up_.free_address(va, size);
     *fail = {0, OomClass::device, 0};
+    // No range (the driver would not reserve the addresses): the pool grows in chunks from now
+    // on, as where the driver has no virtual memory, rather than fail every allocation.
+    if (!abandoned_) vmm_ = false;
     return false;
   }
   vmm_base_ = va;
@@ -441,6 +449,8 @@ bool DevicePool::vmm_setup(Lock& lk, Grow* fail) {
 // granules that have none. Its granules are touched first, so that no other thread unmaps them
 // while the lock is dropped around the driver calls; mapped bytes count in transit meanwhile.
 DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
+  // More than the cap can ever map: the cap's refusal (or the device's), not fragmentation.
+  if (bytes > cap_) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
   Grow fail{};
   if (!vmm_setup(lk, &fail)) return fail;
   for (;;) {
@@ -493,7 +503,12 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
     transit_ -= need;
     --growing_;
     transit_cv_.notify_all();
-    if (abandoned_) return {0, OomClass::device, 0};  // the context went, and its memory with it
+    if (abandoned_) {
+      // The context went meanwhile: the upstream (detached) makes no call, but gives the shared
+      // budget back what it charged for the runs mapped, as a chunk in flight does.
+      for (std::size_t i = 0; i < done.size(); ++i) up_.unmap(runs[i].va, runs[i].bytes);
+      return {0, OomClass::device, 0};
+    }
     for (std::size_t i = 0; i < runs.size(); ++i) granules_.end_map(runs[i], i < done.size());
     mapped_high_ = std::max(mapped_high_, granules_.mapped_bytes() + transit_);
     for (std::size_t i = 0; i < done.size(); ++i) emit(PoolEvent::Kind::grow, runs[i].bytes, runs[i].va, done[i].t0, done[i].dur);

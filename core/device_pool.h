@@ -236,7 +236,9 @@ class DevicePool final : public ThreadCacheOwner {
   Quarantine quarantine_;  // under mu_
 
   // vmm policy: the virtual range (one suballocator chunk) and its granules
-  bool vmm_ = false;
+  // False from the start without virtual memory, and from a failed reservation of the range on
+  // (the pool then grows in chunks). Read without the lock by virtual_memory().
+  std::atomic<bool> vmm_{false};
   bool vmm_busy_ = false;              // the range is being reserved (outside the lock)
   std::uint64_t vmm_base_ = 0, vmm_size_ = 0;
   Granules granules_;

@@ -271,6 +271,49 @@ TEST_CASE("vmm policy: an upstream without virtual memory grows in chunks", "[vm
   CHECK(pool.state().reserved == 32 * MiB);
 }
 
+TEST_CASE("vmm policy: a range the driver will not reserve: the pool grows in chunks", "[vmm-policy]") {
+  // Virtual memory, but no room for the range (an address space too small for twice the cap).
+  class NoAddresses final : public Upstream {
+   public:
+    explicit NoAddresses(SimUpstream& sim) : sim_(sim) {}
+    UpstreamStatus reserve(std::size_t b, std::uint64_t* base, int* code) override { return sim_.reserve(b, base, code); }
+    void release(std::uint64_t base, std::size_t b) override { sim_.release(base, b); }
+    void device_memory(std::size_t* t, std::size_t* f) override { sim_.device_memory(t, f); }
+    void synchronize() override {}
+    bool needs_fences() override { return false; }
+    FenceId place_fence() override { return 0; }
+    bool fence_retired(FenceId) override { return true; }
+    void wait_fence(FenceId) override {}
+    std::size_t vmm_granularity() override { return 2 * MiB; }
+    UpstreamStatus reserve_address(std::size_t, std::uint64_t*) override {
+      ++refused;
+      return UpstreamStatus::out_of_memory;
+    }
+    int refused = 0;
+
+   private:
+    SimUpstream& sim_;
+  };
+  SimUpstream sim(4 * GiB);
+  NoAddresses up(sim);
+  DevicePool pool(vmm_config(), 0, up, nullptr);
+  CHECK(pool.virtual_memory());
+  const AllocResult a = pool.allocate(1 * MiB);
+  CHECK(a.ptr != 0);  // served from a chunk, not refused
+  CHECK_FALSE(pool.virtual_memory());
+  CHECK(pool.allocate(1 * MiB).ptr != 0);
+  CHECK(up.refused == 1);  // asked once, not at every allocation
+  CHECK(pool.state().reserved == 32 * MiB);
+}
+
+TEST_CASE("vmm policy: a request larger than the cap is refused by the cap, not for fragmentation", "[vmm-policy]") {
+  SimUpstream up(4 * GiB);
+  DevicePool capped(with_limit(vmm_config(), 64 * MiB), 0, up, nullptr);
+  CHECK(capped.allocate(200 * MiB).oom == OomClass::limit);
+  DevicePool whole(vmm_config(), 0, up, nullptr);
+  CHECK(whole.allocate(5 * GiB).oom == OomClass::device);
+}
+
 namespace {
 
 // A training loop whose shapes vary every step, as examples/policies/train_varlen.py's do:
