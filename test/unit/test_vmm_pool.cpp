@@ -48,6 +48,23 @@ Config with_limit(Config c, std::uint64_t bytes) {
   return c;
 }
 
+// Chunks from a SimUpstream, and no virtual memory (the Upstream defaults): a driver without it.
+class ChunksOnly : public Upstream {
+ public:
+  explicit ChunksOnly(SimUpstream& sim) : sim_(sim) {}
+  UpstreamStatus reserve(std::size_t b, std::uint64_t* base, int* code) override { return sim_.reserve(b, base, code); }
+  void release(std::uint64_t base, std::size_t b) override { sim_.release(base, b); }
+  void device_memory(std::size_t* t, std::size_t* f) override { sim_.device_memory(t, f); }
+  void synchronize() override {}
+  bool needs_fences() override { return false; }
+  FenceId place_fence() override { return 0; }
+  bool fence_retired(FenceId) override { return true; }
+  void wait_fence(FenceId) override {}
+
+ private:
+  SimUpstream& sim_;
+};
+
 }  // namespace
 
 TEST_CASE("granules: touch, idle, runs, unmap from the top, fences", "[vmm-policy]") {
@@ -248,21 +265,6 @@ TEST_CASE("vmm policy: a refused map is an out-of-memory of class device", "[vmm
 }
 
 TEST_CASE("vmm policy: an upstream without virtual memory grows in chunks", "[vmm-policy]") {
-  class ChunksOnly final : public Upstream {
-   public:
-    explicit ChunksOnly(SimUpstream& sim) : sim_(sim) {}
-    UpstreamStatus reserve(std::size_t b, std::uint64_t* base, int* code) override { return sim_.reserve(b, base, code); }
-    void release(std::uint64_t base, std::size_t b) override { sim_.release(base, b); }
-    void device_memory(std::size_t* t, std::size_t* f) override { sim_.device_memory(t, f); }
-    void synchronize() override {}
-    bool needs_fences() override { return false; }
-    FenceId place_fence() override { return 0; }
-    bool fence_retired(FenceId) override { return true; }
-    void wait_fence(FenceId) override {}
-
-   private:
-    SimUpstream& sim_;
-  };
   SimUpstream sim(4 * GiB);
   ChunksOnly up(sim);
   DevicePool pool(vmm_config(), 0, up, nullptr);
@@ -273,26 +275,15 @@ TEST_CASE("vmm policy: an upstream without virtual memory grows in chunks", "[vm
 
 TEST_CASE("vmm policy: a range the driver will not reserve: the pool grows in chunks", "[vmm-policy]") {
   // Virtual memory, but no room for the range (an address space too small for twice the cap).
-  class NoAddresses final : public Upstream {
+  class NoAddresses final : public ChunksOnly {
    public:
-    explicit NoAddresses(SimUpstream& sim) : sim_(sim) {}
-    UpstreamStatus reserve(std::size_t b, std::uint64_t* base, int* code) override { return sim_.reserve(b, base, code); }
-    void release(std::uint64_t base, std::size_t b) override { sim_.release(base, b); }
-    void device_memory(std::size_t* t, std::size_t* f) override { sim_.device_memory(t, f); }
-    void synchronize() override {}
-    bool needs_fences() override { return false; }
-    FenceId place_fence() override { return 0; }
-    bool fence_retired(FenceId) override { return true; }
-    void wait_fence(FenceId) override {}
+    using ChunksOnly::ChunksOnly;
     std::size_t vmm_granularity() override { return 2 * MiB; }
     UpstreamStatus reserve_address(std::size_t, std::uint64_t*) override {
       ++refused;
       return UpstreamStatus::out_of_memory;
     }
     int refused = 0;
-
-   private:
-    SimUpstream& sim_;
   };
   SimUpstream sim(4 * GiB);
   NoAddresses up(sim);
