@@ -466,10 +466,15 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
     // Memory is never mapped past the most ever mapped while idle granules could make room: they
     // go first, so that the peak of reserved follows the peak in use. Below that mark, idle
     // granules stay: a loop whose use swings every step would otherwise unmap and map them again
-    // every step (docs/design.md, "The vmm policy").
+    // every step (docs/design.md, "The vmm policy"). Idle granules that the device may still
+    // read (deferred frees) are waited for here: without the wait the pool mapped more, and the
+    // mark crept up step after step. Passing the mark is rare once a workload has seen its
+    // peak, so the wait is too.
     const std::uint64_t after = granules_.mapped_bytes() + transit_ + granules_.missing_bytes(p, bytes);
     if (after > mapped_high_ && granules_.idle_bytes() > 0) {
-      unmap_idle(lk, after - mapped_high_, false);
+      const std::uint64_t want = after - mapped_high_;
+      const std::uint64_t got = unmap_idle(lk, want, false);
+      if (!abandoned_ && got < want && granules_.idle_bytes() > 0) unmap_idle(lk, want - got, true);
       if (abandoned_) return {0, OomClass::device, 0};
     }
     std::uint64_t need = 0;
@@ -554,21 +559,23 @@ std::uint64_t DevicePool::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wai
     safe_seq_ = std::max(safe_seq_, unmap_fence_seq_);
     unmap_fence_ = 0;
   }
-  if (granules_.unsafe_idle(safe_seq_)) {
+  // A wait goes twice at most: the fence in flight may have been placed before the latest frees;
+  // once it retires (and is forgotten), one placed after them. Frees made meanwhile by other
+  // threads wait for the next fence.
+  for (int round = 0; round < (may_wait ? 2 : 1) && granules_.unsafe_idle(safe_seq_); ++round) {
     if (unmap_fence_ == 0) {
       unmap_fence_ = up_.place_fence();
       unmap_fence_seq_ = free_seq_++;
     }
-    if (may_wait) {
-      const FenceId fence = unmap_fence_;
-      const std::uint64_t covers = unmap_fence_seq_;
-      lk.unlock();
-      up_.wait_fence(fence);
-      lk.lock();
-      if (abandoned_) return 0;
-      safe_seq_ = std::max(safe_seq_, covers);
-      if (unmap_fence_ == fence) unmap_fence_ = 0;
-    }
+    if (!may_wait) break;
+    const FenceId fence = unmap_fence_;
+    const std::uint64_t covers = unmap_fence_seq_;
+    lk.unlock();
+    up_.wait_fence(fence);
+    lk.lock();
+    if (abandoned_) return 0;
+    safe_seq_ = std::max(safe_seq_, covers);
+    if (unmap_fence_ == fence) unmap_fence_ = 0;
   }
   const std::vector<Granules::Run> runs = granules_.begin_unmap(bytes, safe_seq_);
   if (runs.empty()) return 0;
