@@ -43,6 +43,10 @@ struct LimitSpec {
   bool operator==(const LimitSpec&) const = default;
 };
 
+// CUPOOL_TRACE_STACKS=on: the native stack of one allocation in this many. Chosen so that the
+// trace-on pair cost stays under half a microsecond on the H200 (docs/performance.md).
+inline constexpr std::uint32_t kTraceStacksOn = 64;
+
 struct Config {
   PolicyKind policy = PolicyKind::growth;
   FreeMode free_mode = FreeMode::deferred;
@@ -57,6 +61,7 @@ struct Config {
   std::string trace_path;                            // empty: no trace; "%p" becomes the pid
   std::uint64_t trace_flush_ns = 100'000'000;        // the writer flushes at least this often
   std::uint32_t trace_buffer_events = 16384;         // per-thread buffer, in events
+  std::uint32_t trace_stacks = 0;                    // native stack of one allocation in N (0: none)
   std::string log_level = "info";
   // CUPOOL_SHARE*: a budget shared with the other processes on the node that name it.
   std::string share;                                 // empty: none

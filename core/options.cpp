@@ -387,6 +387,19 @@ std::optional<std::string> parse_trace_buffer(std::string_view v, Config& c) {
   return std::nullopt;
 }
 
+std::optional<std::string> parse_trace_stacks(std::string_view v, Config& c) {
+  v = trim(v);
+  if (v == "off" || v == "0") c.trace_stacks = 0;
+  else if (v == "on") c.trace_stacks = kTraceStacksOn;
+  else if (v == "all") c.trace_stacks = 1;
+  else {
+    std::uint64_t n;
+    if (auto e = parse_int_in(v, 1, 1'000'000, n)) return e;
+    c.trace_stacks = static_cast<std::uint32_t>(n);
+  }
+  return std::nullopt;
+}
+
 std::optional<std::string> parse_log_level(std::string_view v, Config& c) {
   v = trim(v);
   for (std::string_view level : {"trace", "debug", "info", "warn", "error", "off"})
@@ -526,6 +539,9 @@ const std::array<OptionInfo, kOptionCount> kOptions = {{
   {"CUPOOL_TRACE_BUFFER", "integer (events)", "16384", "a whole number from 16 to 4194304 (rounded up to a power of two)",
    "Trace events buffered per thread; when a thread's buffer is full, its events are counted as dropped.",
    parse_trace_buffer},
+  {"CUPOOL_TRACE_STACKS", "sampling", "off", "off, on (one allocation in 64), all, or a whole number N from 1 to 1000000 (one allocation in N)",
+   "Record the native call stack of allocations in the trace, chosen at random: one in N (cupool report shows them beside the largest allocations; export --memory-viz carries them as frames). Each stack costs microseconds (docs/performance.md).",
+   parse_trace_stacks},
   {"CUPOOL_LOG_LEVEL", "enum", "info", "trace, debug, info, warn, error, off",
    "The least severe message cupool writes to stderr.",
    parse_log_level},
@@ -641,13 +657,13 @@ std::string describe(const Config& c) {
   const std::string limit = limit_text(c.limit);
   return fmt::format(
       "policy={} free={} limit={} preallocate={} preallocate_grow={} growth_chunk={} growth_chunk_max={} "
-      "release={} thread_cache={} vmm_cache={} trace={} trace_flush_ms={} trace_buffer={} log={}{}",
+      "release={} thread_cache={} vmm_cache={} trace={} trace_flush_ms={} trace_buffer={} trace_stacks={} log={}{}",
       kPolicyNames[static_cast<int>(c.policy)], kFreeNames[static_cast<int>(c.free_mode)], limit,
       format_size_spec(c.preallocate), c.preallocate_grow, format_size(c.growth_chunk), format_size(c.growth_chunk_max),
       c.release_idle_ns ? format_duration(*c.release_idle_ns) : std::string("never"), c.thread_cache ? "on" : "off",
       c.vmm_cache ? "on" : "off",
       c.trace_path.empty() ? std::string("off") : c.trace_path, c.trace_flush_ns / 1'000'000, c.trace_buffer_events,
-      c.log_level,
+      c.trace_stacks == 0 ? std::string("off") : fmt::format("1/{}", c.trace_stacks), c.log_level,
       c.share.empty() ? std::string()
                       : fmt::format(" share={} share_limit={} share_wait={} share_access={}", c.share,
                                     limit_text(c.share_limit), c.share_wait_ns ? format_duration(c.share_wait_ns) : "0",
@@ -684,8 +700,8 @@ std::string config_json(const Config& c) {
   out += fmt::format(",\"thread_cache\":{},\"vmm_cache\":{}", c.thread_cache, c.vmm_cache);
   out += ",\"trace\":";
   append_json_string(out, c.trace_path);
-  out += fmt::format(",\"trace_flush_ns\":{},\"trace_buffer_events\":{},\"log_level\":", c.trace_flush_ns,
-                     c.trace_buffer_events);
+  out += fmt::format(",\"trace_flush_ns\":{},\"trace_buffer_events\":{},\"trace_stacks\":{},\"log_level\":",
+                     c.trace_flush_ns, c.trace_buffer_events, c.trace_stacks);
   append_json_string(out, c.log_level);
   out += ",\"share\":";
   append_json_string(out, c.share);

@@ -33,7 +33,7 @@ struct OptionInfo {
   OptionParser parse;
 };
 
-inline constexpr std::size_t kOptionCount = 18;
+inline constexpr std::size_t kOptionCount = 19;
 
 // The least CUPOOL_PREALLOCATE given as a size: the pool's chunk granularity
 // (DevicePool::kChunkGranularity; a unit test checks they agree).

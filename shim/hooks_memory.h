@@ -26,6 +26,18 @@ inline bool sampled() {
   return (x & (trace::kCacheTimingSample - 1)) == 0;
 }
 
+// CUPOOL_TRACE_STACKS=N: true for one call in `every`, at random (its own xorshift32, so that the
+// allocations whose stacks are taken are not those whose time is taken).
+inline bool stack_sampled(std::uint32_t every) {
+  if (every == 1) return true;
+  thread_local std::uint32_t x = 0;
+  if (x == 0) x = current_thread_id() * 2654435761u | 1;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  return x % every == 0;
+}
+
 // One event, timed from construction; emitted only when tracing.
 struct HookEvent {
   trace::Record r;
@@ -66,6 +78,11 @@ struct HookEvent {
     r.size = size;
     r.ptr = ptr;
     r.tid = current_thread_id();
+    // After the timing: a stack costs microseconds, which are the trace's, not the call's. A
+    // refused allocation always gets one: it is the one a user asks about.
+    if (r.kind == trace::EventKind::alloc || r.kind == trace::EventKind::vmm_create)
+      if (const std::uint32_t every = stack_sampling(); every != 0 && (rc != 0 || stack_sampled(every)))
+        r.stack = record_stack();
     if (cp) r.device = static_cast<std::int16_t>(cp->device);
     emit(r);
   }

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "options.h"
 #include "process_memory.h"
+#include "stack_capture.h"
 #include "streams.h"
 #include "trace_writer.h"
 
@@ -35,6 +36,7 @@ std::atomic<int> g_init{kUninitialized};
 std::atomic<bool> g_exiting{false};
 Config* g_config = nullptr;                     // never destroyed: hooks may run during exit
 std::atomic<TraceWriter*> g_writer{nullptr};
+std::uint32_t g_stack_sampling = 0;  // set once at load, before any hook runs
 
 ProcessMemory* g_memory = nullptr;  // never destroyed: hooks may run during exit
 
@@ -112,6 +114,7 @@ void load_once() {
       std::fflush(stderr);
       _exit(kConfigErrorExitCode);
     }
+    g_stack_sampling = g_config->trace_stacks;
     g_writer.store(writer.release(), std::memory_order_release);
   }
   // The shared budget is joined now (a wrong CUPOOL_SHARE_LIMIT stops the process like any other
@@ -184,6 +187,15 @@ std::uint64_t now_ns() { return EventClock::now(); }
 
 void emit(const trace::Record& record) {
   if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->record(record);
+}
+
+std::uint32_t stack_sampling() { return g_stack_sampling; }
+
+std::uint32_t record_stack() {
+  TraceWriter* w = g_writer.load(std::memory_order_acquire);
+  if (w == nullptr) return 0;
+  std::uintptr_t pcs[StackTable::kMaxFrames];
+  return w->intern_stack(pcs, capture_stack(pcs, StackTable::kMaxFrames));
 }
 
 ProcessMemory& process_memory() { return *g_memory; }

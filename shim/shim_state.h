@@ -41,6 +41,10 @@ class HookScope {
 bool tracing();
 std::uint64_t now_ns();
 void emit(const trace::Record& record);
+// CUPOOL_TRACE_STACKS: one allocation in this many has its stack recorded (0: none; tracing only).
+std::uint32_t stack_sampling();
+// The calling thread's stack, interned by the trace writer: the id for Record::stack (0: none).
+std::uint32_t record_stack();
 
 // The memory of one context (core/process_memory.h). Its upstream is the shim's DriverUpstream.
 using ContextPool = ContextMemory;

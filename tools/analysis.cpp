@@ -317,13 +317,13 @@ ApiStats& Analysis::api(SourceStats& s, const Event& e) {
   return s.apis.back();
 }
 
-void Analysis::note_largest(SourceStats& s, const Event& e) {
+void Analysis::note_largest(SourceStats& s, const Event& e, const Stack* stack) {
   auto& v = s.largest;
   auto smaller = [](const AllocInfo& a, const AllocInfo& b) {  // heap order: the smallest on top
     return a.size != b.size ? a.size > b.size : a.t < b.t;
   };
   if (v.size() == SourceStats::kLargest && e.size <= v.front().size) return;
-  v.push_back(AllocInfo{e.size, e.t_ns, e.device, e.api, e.ptr});
+  v.push_back(AllocInfo{e.size, e.t_ns, e.device, e.api, e.ptr, stack ? *stack : Stack{}});
   std::push_heap(v.begin(), v.end(), smaller);
   if (v.size() > SourceStats::kLargest) {
     std::pop_heap(v.begin(), v.end(), smaller);
@@ -331,7 +331,7 @@ void Analysis::note_largest(SourceStats& s, const Event& e) {
   }
 }
 
-void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
+void Analysis::add(std::size_t source, const Event& e, std::uint64_t line, const Stack* stack) {
   SourceStats& s = sources_[source];
   ++s.events;
   if (s.events == 1) s.first_t = e.t_ns;
@@ -380,7 +380,7 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
     }
     if (e.kind == EventKind::oom) s.pending_oom_[e.tid] = s.ooms.size();
   }
-  if (e.kind == EventKind::alloc && e.rc == 0 && e.size > 0) note_largest(s, e);
+  if (e.kind == EventKind::alloc && e.rc == 0 && e.size > 0) note_largest(s, e, stack);
 
   if (e.device < 0 && e.kind != EventKind::alloc && e.kind != EventKind::free) return;
   DeviceStats& d = device(s, e.device);
@@ -389,8 +389,11 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line) {
       if (e.rc == 0) ++d.allocs;
       else ++d.failed_allocs;
       // The program's call names the API: fill in the oom event's API from its failed alloc.
-      if (e.rc != 0 && !s.ooms.empty() && s.ooms.back().api.empty() && s.ooms.back().tid == e.tid)
+      if (e.rc != 0 && !s.ooms.empty() && s.ooms.back().tid == e.tid &&
+          (s.ooms.back().api.empty() || s.ooms.back().event_index == s.events)) {
         s.ooms.back().api = e.api;
+        if (stack) s.ooms.back().stack = *stack;
+      }
       break;
     case EventKind::free: ++d.frees; break;
     case EventKind::grow: if (e.rc == 0) { ++d.grows; d.grow_bytes += e.size; } break;
@@ -566,7 +569,7 @@ void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress
         if (live[i] && (pick == n || head[i].t_ns < head[pick].t_ns)) pick = i;
     }
     if (pick == n) break;
-    out.add(index[pick], head[pick], inputs[pick]->line());
+    out.add(index[pick], head[pick], inputs[pick]->line(), inputs[pick]->stack(head[pick].stack));
     if (visitor) visitor->visit(index[pick], head[pick], *inputs[pick]);
     next(pick);
     if (progress && (++count & 0x3ffff) == 0) {

@@ -147,6 +147,7 @@ struct OomInfo {
   std::uint32_t tid = 0;
   bool has_pool = false;
   trace::PoolState pool{};
+  Stack stack;  // the refused call's native stack (CUPOOL_TRACE_STACKS), when the trace has it
 };
 
 struct AllocInfo {
@@ -155,6 +156,7 @@ struct AllocInfo {
   int device = -1;
   std::string api;
   std::uint64_t ptr = 0;
+  Stack stack;  // its native stack (CUPOOL_TRACE_STACKS), when sampled
 };
 
 struct ApiStats {
@@ -226,7 +228,8 @@ class Analysis {
   // Time zero of every series (the earliest event of all traces).
   void set_origin(std::uint64_t t) { origin_ = t; }
   // `line`: where the event is in its file (0: unknown), for out-of-memory listings.
-  void add(std::size_t source, const Event& e, std::uint64_t line = 0);
+  // `stack`: the event's native stack, if the trace has it (TraceInput::stack).
+  void add(std::size_t source, const Event& e, std::uint64_t line = 0, const Stack* stack = nullptr);
   // Device lines, drops and footers, then the values that need the whole trace.
   void finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer,
               std::string truncated = "");
@@ -243,7 +246,7 @@ class Analysis {
  private:
   DeviceStats& device(SourceStats& s, int device);
   ApiStats& api(SourceStats& s, const Event& e);
-  void note_largest(SourceStats& s, const Event& e);
+  void note_largest(SourceStats& s, const Event& e, const Stack* stack);
   std::uint64_t origin_ = 0;
   std::vector<SourceStats> sources_;
   std::map<int, DeviceTotal> totals_;

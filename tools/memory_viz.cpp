@@ -162,8 +162,9 @@ void MemoryVizWriter::allocate(Lane& l, const Event& e, std::uint64_t t) {
       if ((seg->second.kind == SegmentKind::chunk || seg->second.kind == SegmentKind::granules) &&
           e.ptr + size <= seg->first + seg->second.size) {
         evict_range(l, e.ptr, e.ptr + size, t, false);  // blocks only: the chunk stays
-        l.blocks[e.ptr] = Block{size, e.size, stream, false};
+        l.blocks[e.ptr] = Block{size, e.size, stream, false, e.stack};
         add(l, Action::alloc, e.ptr, e.size, stream, t);
+        l.entries.back().stack = e.stack;
         return;
       }
     }
@@ -172,8 +173,9 @@ void MemoryVizWriter::allocate(Lane& l, const Event& e, std::uint64_t t) {
   // its own, as PyTorch shows memory taken with its cache turned off.
   if (e.size == 0) return;
   add_segment(l, e.ptr, Segment{e.size, stream, SegmentKind::outside}, t);
-  l.blocks[e.ptr] = Block{e.size, e.size, stream, false};
+  l.blocks[e.ptr] = Block{e.size, e.size, stream, false, e.stack};
   add(l, Action::alloc, e.ptr, e.size, stream, t);
+  l.entries.back().stack = e.stack;
 }
 
 void MemoryVizWriter::free_block(Lane& l, std::uint64_t addr, bool held, std::uint64_t t) {
@@ -216,10 +218,12 @@ void MemoryVizWriter::oom(Lane& l, const Event& e, TraceInput& input) {
 void MemoryVizWriter::visit(std::size_t source, const Event& e, TraceInput& input) {
   while (sources_.size() <= source) {
     const TraceMeta& m = analysis_.sources()[sources_.size()].meta;
-    sources_.push_back(Source{m.start_unix_ns, m.start_mono_ns, m.path, m.pid, {}, {}});
+    sources_.push_back(Source{m.start_unix_ns, m.start_mono_ns, m.path, m.pid, {}, {}, {}});
   }
   Source& src = sources_[source];
   const std::uint64_t t = e.t_ns;
+  if (e.stack != 0 && !src.stacks.contains(e.stack))
+    if (const Stack* stack = input.stack(e.stack)) src.stacks.emplace(e.stack, *stack);
   switch (e.kind) {
     case EventKind::alloc:
       if (e.rc == 0 && e.ptr != 0 && e.device >= 0) {
@@ -229,8 +233,14 @@ void MemoryVizWriter::visit(std::size_t source, const Event& e, TraceInput& inpu
         if (early != src.early_frees.end()) src.early_frees.erase(early);
         allocate(l, e, t);
         if (freed_already) free_block(l, e.ptr, false, t);
-      } else if (e.rc != 0 && src.pending_oom.erase(e.tid) == 0 && e.rc == 2 && e.device >= 0) {
-        oom(lane(source, e.device), e, input);  // the driver's refusal: no pool event before it
+      } else if (e.rc != 0 && e.device >= 0) {
+        Lane& l = lane(source, e.device);
+        if (src.pending_oom.erase(e.tid) == 0) {
+          if (e.rc != 2) break;
+          oom(l, e, input);  // the driver's refusal: no pool event before it
+        }
+        // The refused call's stack goes with its `oom` entry.
+        if (!l.entries.empty() && l.entries.back().action == Action::oom) l.entries.back().stack = e.stack;
       }
       break;
     case EventKind::free:
@@ -315,6 +325,24 @@ void MemoryVizWriter::visit(std::size_t source, const Event& e, TraceInput& inpu
   }
 }
 
+// PyTorch's frames: {filename, line, name}; a native frame has no line (0), as PyTorch's own.
+void MemoryVizWriter::write_frames(PickleWriter& p, const Lane& l, std::uint32_t stack) const {
+  p.begin_list();
+  const auto& stacks = sources_[l.source].stacks;
+  if (auto it = stacks.find(stack); stack != 0 && it != stacks.end()) {
+    for (const StackFrame& f : it->second) {
+      p.begin_dict();
+      // Memoized: a loop's allocations repeat their frames thousands of times.
+      p.str_memo("filename"); p.str_memo(f.module.empty() ? "??" : f.module); p.item();
+      p.str_memo("line"); p.integer(0); p.item();
+      p.str_memo("name"); p.str_memo(frame_name(f)); p.item();
+      p.end();
+      p.item();
+    }
+  }
+  p.end();
+}
+
 void MemoryVizWriter::write_segments(PickleWriter& p, const Lane& l, int index) const {
   for (const auto& [addr, seg] : l.segments) {
     std::uint64_t allocated = 0, active = 0, requested = 0;
@@ -340,24 +368,24 @@ void MemoryVizWriter::write_segments(PickleWriter& p, const Lane& l, int index) 
     // The blocks tile the segment from its start: free gaps become inactive blocks.
     p.str_memo("blocks");
     p.begin_list();
-    auto block = [&](std::uint64_t at, std::uint64_t size, std::uint64_t req, const char* state) {
+    auto block = [&](std::uint64_t at, std::uint64_t size, std::uint64_t req, const char* state, std::uint32_t stack) {
       p.begin_dict();
       p.str_memo("address"); page_integer(p, at); p.item();
       p.str_memo("size"); page_integer(p, size); p.item();
       p.str_memo("requested_size"); page_integer(p, req); p.item();
       p.str_memo("state"); p.str_memo(state); p.item();
-      p.str_memo("frames"); p.begin_list(); p.end(); p.item();
+      p.str_memo("frames"); write_frames(p, l, stack); p.item();
       p.end();
       p.item();
     };
     std::uint64_t at = addr;
     for (auto b = l.blocks.lower_bound(addr); b != l.blocks.end() && b->first < addr + seg.size; ++b) {
-      if (b->first > at) block(at, b->first - at, 0, "inactive");
+      if (b->first > at) block(at, b->first - at, 0, "inactive", 0);
       block(b->first, b->second.size, b->second.requested,
-            b->second.pending_free ? "active_pending_free" : "active_allocated");
+            b->second.pending_free ? "active_pending_free" : "active_allocated", b->second.stack);
       at = b->first + b->second.size;
     }
-    if (at < addr + seg.size) block(at, addr + seg.size - at, 0, "inactive");
+    if (at < addr + seg.size) block(at, addr + seg.size - at, 0, "inactive", 0);
     p.end();
     p.item();
     p.end();
@@ -396,7 +424,7 @@ void MemoryVizWriter::finish() {
         p.str_memo("size"); page_integer(p, e.size); p.item();
         p.str_memo("stream"); page_integer(p, e.stream); p.item();
         p.str_memo("time_us"); page_integer(p, e.time_us); p.item();
-        p.str_memo("frames"); p.begin_list(); p.end(); p.item();
+        p.str_memo("frames"); write_frames(p, *l, e.stack); p.item();
         p.end();
         p.item();
       }

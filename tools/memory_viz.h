@@ -45,6 +45,7 @@ class MemoryVizWriter final : public EventVisitor {
     Action action;
     std::uint64_t addr;  // oom: the device's free bytes
     std::uint64_t size, stream, time_us;
+    std::uint32_t stack = 0;  // the allocation's native stack (CUPOOL_TRACE_STACKS): its `frames`
   };
   // granules: mapped runs of the vmm policy's range (adjacent maps joined, unmaps cut them),
   // shown as PyTorch shows its expandable segments.
@@ -56,6 +57,7 @@ class MemoryVizWriter final : public EventVisitor {
   struct Block {
     std::uint64_t size = 0, requested = 0, stream = 0;
     bool pending_free = false;  // freed, waiting for a fence
+    std::uint32_t stack = 0;
   };
   // One process on one device.
   struct Lane {
@@ -75,6 +77,7 @@ class MemoryVizWriter final : public EventVisitor {
     // Frees read before their allocation (threads' lines interleaved): address -> free's t.
     std::unordered_map<std::uint64_t, std::uint64_t> early_frees;
     std::unordered_set<std::uint32_t> pending_oom;  // threads whose pool `oom` awaits its failed call
+    std::unordered_map<std::uint32_t, Stack> stacks;  // those the entries and blocks name, by id
   };
 
   Lane& lane(std::size_t source, int device);
@@ -92,6 +95,7 @@ class MemoryVizWriter final : public EventVisitor {
   void evict_range(Lane& l, std::uint64_t lo, std::uint64_t hi, std::uint64_t t, bool segments);
   void oom(Lane& l, const Event& e, TraceInput& input);
   void write_segments(class PickleWriter& p, const Lane& l, int index) const;
+  void write_frames(class PickleWriter& p, const Lane& l, std::uint32_t stack) const;
 
   std::FILE* out_;
   const Analysis& analysis_;

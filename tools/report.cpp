@@ -101,9 +101,32 @@ void device_lines(std::string& out, const DeviceStats& d, std::uint64_t origin) 
   out += t.render("    ");
 }
 
+// A native stack (CUPOOL_TRACE_STACKS), innermost first: the program's call into CUDA on top.
+constexpr std::size_t kStackLinesShown = 16;
+void stack_lines(std::string& out, const Stack& stack, const char* indent) {
+  for (std::size_t i = 0; i < stack.size() && i < kStackLinesShown; ++i) {
+    const StackFrame& f = stack[i];
+    out += indent + frame_name(f);
+    if (!f.symbol.empty() && !f.module.empty()) out += "  (" + f.module.substr(f.module.rfind('/') + 1) + ")";
+    out += "\n";
+  }
+  if (stack.size() > kStackLinesShown)
+    out += indent + std::string("... ") + count(stack.size() - kStackLinesShown) + " more frames (--json has them all)\n";
+}
+nlohmann::json stack_json(const Stack& stack) {
+  nlohmann::json frames = nlohmann::json::array();
+  for (const StackFrame& f : stack)
+    frames.push_back({{"name", frame_name(f)}, {"module", f.module}, {"offset", hex_ptr(f.offset)}, {"pc", hex_ptr(f.pc)}});
+  return frames;
+}
+
 void oom_line(std::string& out, const OomInfo& o, std::uint64_t origin) {
   out += "    " + oom_text(o, origin) + "\n";
   if (o.has_pool) out += "      pool: " + pool_state_text(o.pool) + "\n";
+  if (!o.stack.empty()) {
+    out += "      stack:\n";
+    stack_lines(out, o.stack, "        ");
+  }
 }
 
 void source_section(std::string& out, const SourceStats& s, std::uint64_t origin) {
@@ -155,6 +178,28 @@ void source_section(std::string& out, const SourceStats& s, std::uint64_t origin
     for (const AllocInfo& l : s.largest)
       t.row({human_size(l.size), l.api, "device " + std::to_string(l.device), "at " + at_time(l.t, origin), hex_ptr(l.ptr)});
     out += t.render("    ") + "\n";
+    // Their stacks, where CUPOOL_TRACE_STACKS sampled them.
+    const std::uint32_t every = s.meta.config ? s.meta.config->trace_stacks : 0;
+    if (every != 0) {
+      out += every == 1 ? "  stacks of the largest allocations (every allocation's recorded)\n"
+                        : "  stacks of the largest allocations (one allocation in " + count(every) + " recorded)\n";
+      for (std::size_t i = 0; i < s.largest.size(); ++i) {
+        const AllocInfo& l = s.largest[i];
+        out += "    " + human_size(l.size) + " at " + at_time(l.t, origin);
+        std::size_t same = 0;  // a stack shown above is named, not repeated (allocations of one loop)
+        while (same < i && !(s.largest[same].stack.size() == l.stack.size() &&
+                             std::equal(l.stack.begin(), l.stack.end(), s.largest[same].stack.begin(),
+                                        [](const StackFrame& a, const StackFrame& b) { return a.pc == b.pc; })))
+          ++same;
+        if (l.stack.empty()) out += ": not sampled\n";
+        else if (same < i) out += ": the stack of allocation " + count(same + 1) + " above\n";
+        else {
+          out += ":\n";
+          stack_lines(out, l.stack, "      ");
+        }
+      }
+      out += "\n";
+    }
   }
 
   out += "  out of memory: " + count(s.oom_count) + "\n";
@@ -240,6 +285,7 @@ nlohmann::json oom_json(const OomInfo& o, std::uint64_t origin) {
                       {"api", o.api}, {"size", o.size}, {"class", std::string(oom_name(o.oom_class))},
                       {"rc", o.rc}, {"tid", o.tid}};
   j["pool"] = o.has_pool ? pool_state_json(o.pool) : nlohmann::json(nullptr);
+  if (!o.stack.empty()) j["stack"] = stack_json(o.stack);
   return j;
 }
 
@@ -262,8 +308,10 @@ nlohmann::json report_json(const Analysis& a) {
       apis.push_back(j);
     }
     nlohmann::json largest = nlohmann::json::array();
-    for (const AllocInfo& l : s.largest)
+    for (const AllocInfo& l : s.largest) {
       largest.push_back({{"size", l.size}, {"api", l.api}, {"device", l.device}, {"t", l.t > origin ? l.t - origin : 0}, {"ptr", hex_ptr(l.ptr)}});
+      if (!l.stack.empty()) largest.back()["stack"] = stack_json(l.stack);
+    }
     nlohmann::json ooms = nlohmann::json::array();
     for (const OomInfo& o : s.ooms) ooms.push_back(oom_json(o, origin));
     traces.push_back({{"path", s.meta.path}, {"pid", s.meta.pid}, {"cmdline", s.meta.cmdline}, {"policy", s.meta.policy},

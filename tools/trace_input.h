@@ -49,6 +49,8 @@ class TraceInput {
   const TraceMeta& meta() const { return meta_; }
   std::vector<DeviceInfo> devices() const;  // device lines seen so far
   std::uint64_t dropped() const;            // events the writer dropped (drop lines)
+  // An event's `stack` (CUPOOL_TRACE_STACKS): its frames, or nullptr. Valid until the next next().
+  const Stack* stack(std::uint32_t id) const { return reader_->stack(id); }
   bool has_footer() const;                  // false: the process did not exit normally
   std::uint64_t bytes_read();               // for progress
   std::uint64_t size() const { return size_; }

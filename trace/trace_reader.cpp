@@ -57,7 +57,7 @@ constexpr auto kStringStop = [] {
 
 enum class Key : std::uint8_t {
   unknown, type, t, tid, ev, api, path, dev, size, ptr, stream, rc, dur, oom, reserved, in_use, largest_free,
-  quarantined, free_blocks, flags, cached, timed_for, recycled, handle, offset, granules
+  quarantined, free_blocks, flags, cached, timed_for, recycled, handle, offset, granules, stack
 };
 
 // The key names, checked against the schema so the two cannot drift apart.
@@ -67,7 +67,7 @@ static_assert(tk::t == "t" && tk::ev == "ev" && tk::rc == "rc" && tk::tid == "ti
               tk::in_use == "in_use" && tk::reserved == "reserved" && tk::free_blocks == "free_blocks" &&
               tk::quarantined == "quarantined" && tk::largest_free == "largest_free" && tk::flags == "flags" &&
               tk::cached == "cached" && tk::timed_for == "timed_for" && tk::recycled == "recycled" &&
-              tk::handle == "handle" && tk::offset == "offset" && tk::granules == "granules");
+              tk::handle == "handle" && tk::offset == "offset" && tk::granules == "granules" && tk::stack == "stack");
 
 // One fixed-size comparison per key instead of a chain of them. k.size() is N - 1 here.
 template <std::size_t N>
@@ -95,7 +95,7 @@ Key key_of(std::string_view k) {
         case 's': return key_if(k, "size", Key::size);
       }
       return Key::unknown;
-    case 5: return key_if(k, "flags", Key::flags);
+    case 5: return k[0] == 'f' ? key_if(k, "flags", Key::flags) : key_if(k, "stack", Key::stack);
     case 6:
       switch (k[0]) {
         case 's': return key_if(k, "stream", Key::stream);
@@ -848,6 +848,8 @@ void TraceReader::parse_other(const nlohmann::json& j, std::string_view type) {
         add_device(footer.devices.back());
       }
       footer_ = std::move(footer);
+    } else if (type == trace::line::stack) {
+      add_stack(j);
     } else if (type == trace::line::header) {
       throw std::invalid_argument("a second header line");
     }
@@ -857,6 +859,50 @@ void TraceReader::parse_other(const nlohmann::json& j, std::string_view type) {
   } catch (const nlohmann::json::exception& e) {
     fail(e.what());
   }
+}
+
+std::string frame_name(const StackFrame& f) {
+  if (!f.symbol.empty()) return fmt::format("{}+0x{:x}", f.symbol, f.symbol_offset);
+  if (!f.module.empty()) {
+    const std::size_t slash = f.module.rfind('/');
+    return fmt::format("{}+0x{:x}", slash == std::string::npos ? f.module : f.module.substr(slash + 1), f.offset);
+  }
+  return fmt::format("0x{:x}", f.pc);
+}
+
+void TraceReader::add_stack(const nlohmann::json& j) {
+  namespace sk = trace::stack_key;
+  const JsonFields f{j, "stack line"};
+  const std::uint64_t id = f.u64(sk::id);
+  if (id == 0 || id > (1u << 24)) throw std::invalid_argument(fmt::format("stack line field \"id\": {} is out of range (1 to 16777216)", id));
+  const auto& frames = f.need(sk::frames);
+  if (!frames.is_array()) throw std::invalid_argument("stack line field \"frames\": expected an array");
+  auto hex = [](const JsonFields& ff, const char* key) {
+    const std::string text = ff.str(key);
+    std::uint64_t v = 0;
+    const char* b = text.data() + 2;
+    const char* e = text.data() + text.size();
+    if (text.size() < 3 || text[0] != '0' || text[1] != 'x' || std::from_chars(b, e, v, 16).ptr != e)
+      throw std::invalid_argument(fmt::format("{} field \"{}\": expected \"0x...\"", ff.what, key));
+    return v;
+  };
+  Stack stack;
+  for (const auto& fr : frames) {
+    if (!fr.is_object()) throw std::invalid_argument("stack frame: expected an object");
+    const JsonFields ff{fr, "stack frame"};
+    StackFrame frame;
+    frame.pc = hex(ff, sk::pc);
+    if (fr.contains(sk::module)) frame.module = valid_utf8(ff.str(sk::module));
+    if (fr.contains(sk::offset)) frame.offset = hex(ff, sk::offset);
+    if (fr.contains(sk::symbol)) {
+      frame.symbol = valid_utf8(ff.str(sk::symbol));
+      if (fr.contains(sk::symbol_offset)) frame.symbol_offset = hex(ff, sk::symbol_offset);
+    }
+    stack.push_back(std::move(frame));
+  }
+  if (stack.empty()) throw std::invalid_argument("stack line: no frames");
+  if (stacks_.size() < id) stacks_.resize(id);
+  stacks_[id - 1] = std::move(stack);
 }
 
 void TraceReader::add_device(DeviceInfo d) {
@@ -992,6 +1038,11 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
         break;
       case Key::granules:
         if (!s.boolean(out.granules)) bad(key, "true or false");
+        break;
+      case Key::stack:
+        u64(key, u);
+        if (u == 0 || u > UINT32_MAX) bad(key, "a stack id (1 to 2^32 - 1)");
+        out.stack = static_cast<std::uint32_t>(u);
         break;
       case Key::flags:
         u64(key, u);
@@ -1162,6 +1213,7 @@ std::optional<Config> decode_config(const nlohmann::json& j, std::string* why) {
   text("trace", &c.trace_path);
   u64("trace_flush_ns", &c.trace_flush_ns);
   if (std::uint64_t events = 0; u64("trace_buffer_events", &events)) c.trace_buffer_events = static_cast<std::uint32_t>(events);
+  if (std::uint64_t n = 0; u64("trace_stacks", &n) && n <= 1'000'000) c.trace_stacks = static_cast<std::uint32_t>(n);  // 3.3 on
   text("log_level", &c.log_level);
   // The shared budget (format 3.0 on): absent before.
   if (j.contains("share")) {

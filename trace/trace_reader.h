@@ -62,6 +62,19 @@ struct DeviceInfo {
   std::uint64_t total_bytes = 0;
 };
 
+// A native call stack (CUPOOL_TRACE_STACKS, format 3.3), innermost frame first.
+struct StackFrame {
+  std::uint64_t pc = 0;             // the return address
+  std::string module;               // the file it lies in ("" when none: code made at run time)
+  std::uint64_t offset = 0;         // pc - 1 from the module's load address
+  std::string symbol;               // demangled; "" when the module exports none there
+  std::uint64_t symbol_offset = 0;  // pc - 1 from the symbol's start
+};
+using Stack = std::vector<StackFrame>;
+// "symbol+0x40" where the module exports a symbol there, else "libfoo.so+0x1234" (the module's
+// file name; "?" when none), else "0x7f...": how the report and the exports name a frame.
+std::string frame_name(const StackFrame& f);
+
 struct Footer {
   std::uint64_t events = 0;   // event lines the writer wrote
   std::uint64_t dropped = 0;  // events it could not write (full per-thread buffers)
@@ -102,6 +115,8 @@ class TraceReader {
   const std::optional<Footer>& footer() const { return footer_; }
   // Devices from "device" lines read so far (and the footer's).
   const std::vector<DeviceInfo>& devices() const { return devices_; }
+  // A stack line read so far, by id (an event's `stack`); nullptr when unknown.
+  const Stack* stack(std::uint32_t id) const { return id != 0 && id <= stacks_.size() && !stacks_[id - 1].empty() ? &stacks_[id - 1] : nullptr; }
   // The sum of the "drop" lines read so far.
   std::uint64_t dropped() const { return dropped_; }
   std::uint64_t events_read() const { return events_read_; }
@@ -122,6 +137,7 @@ class TraceReader {
   void parse_other(const nlohmann::json& j, std::string_view type);
   void read_header();
   void add_device(DeviceInfo d);
+  void add_stack(const nlohmann::json& j);
   [[noreturn, gnu::cold]] void fail(const std::string& what) const;
 
   std::unique_ptr<TraceInputStream> in_;
@@ -129,6 +145,7 @@ class TraceReader {
   Header header_;
   std::optional<Footer> footer_;
   std::vector<DeviceInfo> devices_;
+  std::vector<Stack> stacks_;  // id - 1
   std::uint64_t dropped_ = 0;
   std::uint64_t events_read_ = 0;
   std::uint64_t line_ = 0;

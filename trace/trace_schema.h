@@ -25,8 +25,10 @@ namespace cupool::trace {
 //      (`share_waits`, `share_wait_ns`).
 // 3.2: `grow`/`release` of the vmm policy say `"granules":true`: device memory mapped or unmapped
 //      at `ptr` inside the pool's virtual range, not a chunk taken or given back.
+// 3.3: CUPOOL_TRACE_STACKS: `stack` lines (a native call stack, its frames symbolized) and the
+//      `stack` key of the allocations sampled (its id); the configuration's `trace_stacks`.
 inline constexpr int kFormatMajor = 3;
-inline constexpr int kFormatMinor = 2;
+inline constexpr int kFormatMinor = 3;
 inline constexpr int kOldestReadMajor = 1;  // 1.x traces read as 2.0 ones in which every call is timed
 inline constexpr int kLastMinorOfMajor1 = 1;  // 1.1: the last 1.x
 inline constexpr int kLastMinorOfMajor2 = 2;  // 2.2: the last 2.x
@@ -142,6 +144,7 @@ struct EventValues {
   // How many calls dur_ns stands for: 1; kCacheTimingSample for the one timed call of a sample;
   // 0 when the call was not timed (then `t` is its start, and dur_ns is not written).
   std::uint32_t timed_for = 1;
+  std::uint32_t stack = 0;     // alloc/vmm_create sampled by CUPOOL_TRACE_STACKS: its stack line's id (0: none)
   std::int16_t device = -1;    // device ordinal, -1 when unknown
   EventKind kind = EventKind::alloc;
   Path path = Path::none;
@@ -215,6 +218,7 @@ inline constexpr std::string_view offset = "offset";  // vmm_map: bytes into the
 inline constexpr std::string_view recycled = "recycled";  // true: a VMM call served by the mapping cache
 inline constexpr std::string_view granules = "granules";  // true: grow/release of the vmm policy's granules
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
+inline constexpr std::string_view stack = "stack";  // the id of the allocation's stack line (format 3.3)
 }  // namespace key
 
 // Line types ("type") and the keys of the non-event lines (docs/trace-format.md), used by writer
@@ -224,6 +228,7 @@ inline constexpr std::string_view header = "header";
 inline constexpr std::string_view event = "event";
 inline constexpr std::string_view device = "device";  // keys: t, index, name, total_bytes
 inline constexpr std::string_view drop = "drop";      // keys: t, tid, count
+inline constexpr std::string_view stack = "stack";    // keys: id, frames (stack_key); before its first use
 inline constexpr std::string_view footer = "footer";  // keys: events, dropped, allocs, frees, ooms, end_mono_ns, devices (, share_waits, share_wait_ns)
 }  // namespace line
 namespace header_key {
@@ -244,6 +249,19 @@ inline constexpr const char* index = "index";
 inline constexpr const char* name = "name";
 inline constexpr const char* total_bytes = "total_bytes";
 }  // namespace device_key
+// A stack line: `frames`, innermost first (the program's call into CUDA first), each an object of
+// `pc` ("0x..."), `module` (the file it lies in), `offset` ("0x...", pc - 1 from the module's load
+// address: the call instruction, for addr2line) and, where the module exports one, `symbol`
+// (demangled) with `symbol_offset` ("0x...").
+namespace stack_key {
+inline constexpr const char* id = "id";
+inline constexpr const char* frames = "frames";
+inline constexpr const char* pc = "pc";
+inline constexpr const char* module = "module";
+inline constexpr const char* offset = "offset";
+inline constexpr const char* symbol = "symbol";
+inline constexpr const char* symbol_offset = "symbol_offset";
+}  // namespace stack_key
 namespace drop_key {
 inline constexpr const char* count = "count";
 }  // namespace drop_key

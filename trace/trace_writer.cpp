@@ -543,8 +543,25 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
   return dead;
 }
 
+void TraceWriter::write_stack_locked(std::uint32_t id) {
+  if (id < stack_written_.size() && stack_written_[id]) return;
+  const std::vector<std::uintptr_t> frames = stacks_.frames(id);
+  if (frames.empty()) return;
+  if (id >= stack_written_.size()) stack_written_.resize(std::max<std::size_t>(id + 1, stack_written_.size() * 2), false);
+  stack_written_[id] = true;
+  const std::string line = stack_line(id, frames);
+  if (buf_used_ + line.size() > kBufferSize) write_buffer_locked();
+  if (line.size() > kBufferSize) {
+    write_all_locked(line.data(), line.size());
+  } else {
+    std::memcpy(buf_.get() + buf_used_, line.data(), line.size());
+    buf_used_ += line.size();
+  }
+}
+
 // Writes one event line. Called for a pass's events in time order.
 void TraceWriter::format_event_locked(const trace::Record& r) {
+  if (r.stack != 0) write_stack_locked(r.stack);
   if (buf_used_ + kMaxLine > kBufferSize) write_buffer_locked();
   const auto kind = static_cast<std::size_t>(r.kind);
   const auto path = static_cast<std::size_t>(r.path);
@@ -619,6 +636,10 @@ void TraceWriter::format_event_locked(const trace::Record& r) {
     o.key(tk::granules);
     o.raw("true");
   }
+  if (r.stack != 0) {
+    o.key(tk::stack);
+    o.u64(r.stack);
+  }
   o.raw("}\n");
   buf_used_ = static_cast<std::size_t>(o.p - buf_.get());
   ++events_;
@@ -674,9 +695,11 @@ void TraceWriter::write_device(int device, std::string_view name, std::uint64_t 
 void TraceWriter::prepare_fork() {
   out_mu_.lock();  // the writer is between passes: its buffer is empty
   rings_mu_.lock();
+  stacks_.lock();
 }
 
 void TraceWriter::parent_after_fork() {
+  stacks_.unlock();
   rings_mu_.unlock();
   out_mu_.unlock();
 }
@@ -694,6 +717,7 @@ void TraceWriter::child_after_fork() {
   buf_used_ = 0;
   events_ = dropped_ = allocs_ = frees_ = ooms_ = 0;
   derived_.clear();
+  stack_written_.clear();  // the child's file names its stacks again
   const pid_t pid = ::getpid();
   path_ = path_for_process(pattern_, pid, true);
   // The parent's rings hold the parent's events: abandon them. Only this thread's ring is
@@ -704,6 +728,7 @@ void TraceWriter::child_after_fork() {
   }
   rings_.clear();
   snapshot_.clear();
+  stacks_.unlock();
   rings_mu_.unlock();
   out_mu_.unlock();
 }

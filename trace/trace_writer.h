@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "config.h"
+#include "stack_table.h"
 #include "pool_events.h"
 #include "trace_schema.h"
 
@@ -44,6 +45,11 @@ class TraceWriter final : public PoolObserver {
 
   // Hot path. Any thread. A no-op once close() has begun.
   void record(const trace::Record& record);
+  // CUPOOL_TRACE_STACKS: the id to put in a Record's `stack` for these return addresses
+  // (innermost first); 0 when none. Any thread. The stack's line is written before the first
+  // event that names it, in each file (a fork child's too).
+  std::uint32_t intern_stack(const std::uintptr_t* pcs, std::size_t count) { return stacks_.intern(pcs, count); }
+
   // A pool's event (or a kept VMM mapping given back), as its trace line.
   void pool_event(const PoolEvent& e) override { record(trace::record_of(e)); }
 
@@ -92,6 +98,7 @@ class TraceWriter final : public PoolObserver {
   void pass_locked();                         // out_mu_ held: drain all rings, write
   bool drain_ring_locked(Ring& ring);         // true when the ring is dead and empty
   void format_event_locked(const trace::Record& r);
+  void write_stack_locked(std::uint32_t id);  // its line, once per file
   void write_buffer_locked();
   void write_all_locked(const char* data, std::size_t size);
   void wake_writer();
@@ -113,6 +120,8 @@ class TraceWriter final : public PoolObserver {
   pthread_t thread_{};
   bool thread_running_ = false;
 
+  StackTable stacks_;  // locks on its own, after out_mu_ and rings_mu_
+
   std::mutex rings_mu_;  // rings_ (registration, snapshot, removal); after out_mu_
   std::vector<Ring*> rings_;
 
@@ -129,6 +138,7 @@ class TraceWriter final : public PoolObserver {
     std::uint64_t total_bytes;
   };
   std::vector<Device> devices_;
+  std::vector<bool> stack_written_;    // by stack id: its line is in this file
   trace::PoolStateDerivation derived_;  // pools' in_use and cached as of the last event written
   std::uint64_t events_ = 0, dropped_ = 0, allocs_ = 0, frees_ = 0, ooms_ = 0;
 };

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """`cupool export --memory-viz` read by PyTorch's own tools (torch.cuda._memory_viz).
 
-  memviz_check.py --cupool build/tools/cupool [--trace TRACE]... [--out DIR]
+  memviz_check.py --cupool build/tools/cupool [--trace TRACE]... [--out DIR] [--frames-like TEXT]
 
 Exports each trace (default: one made by test/tools/gen_trace.py's `pool` scenario) and hands
 the loaded snapshot to torch.cuda._memory_viz: segment_plot, trace_plot (allocations and
 segments) must return the page's HTML; segsum (which asserts that every segment's blocks add up)
-and trace (the text listing) must run. Prints one JSON line; exits 1 on any failure. No GPU work
-is done: torch is only imported.
+and trace (the text listing) must run. With --frames-like (a trace recorded with
+CUPOOL_TRACE_STACKS=all): every `alloc` entry has frames as PyTorch writes them (filename, line,
+name), and some frame names TEXT (a library of the framework). Prints one JSON line; exits 1 on
+any failure. No GPU work is done: torch is only imported.
 """
 import argparse
 import json
@@ -25,6 +27,7 @@ def main():
     ap.add_argument("--cupool", required=True)
     ap.add_argument("--trace", action="append", default=[])
     ap.add_argument("--out", help="keep the snapshots and pages here")
+    ap.add_argument("--frames-like", help="every alloc entry has frames, and some frame's file or name holds this")
     a = ap.parse_args()
     result = {"check": "memviz", "ok": False, "traces": []}
     try:
@@ -51,6 +54,16 @@ def main():
                     continue
                 with open(snap_path, "rb") as f:
                     snap = pickle.load(f)
+                if a.frames_like:
+                    allocs = [e for t in snap["device_traces"] for e in t if e["action"] == "alloc"]
+                    framed = [e for e in allocs if e["frames"]]
+                    shapes_ok = all(set(fr) == {"filename", "line", "name"} for e in framed for fr in e["frames"])
+                    like = sum(1 for e in framed if any(a.frames_like in fr["filename"] or a.frames_like in fr["name"]
+                                                        for fr in e["frames"]))
+                    entry["frames"] = {"allocs": len(allocs), "with_frames": len(framed), "naming": like,
+                                       "example": [fr["name"] for fr in (framed[-1]["frames"] if framed else [])][:12]}
+                    if not allocs or len(framed) != len(allocs) or not shapes_ok or like == 0:
+                        failures.append(f"{trace}: frames: {entry['frames']}, PyTorch's keys: {shapes_ok}")
                 entry["segments"] = len(snap["segments"])
                 entry["entries"] = [len(t) for t in snap["device_traces"]]
                 pages = {"segment_plot": mv.segment_plot(snap), "trace_plot": mv.trace_plot(snap),

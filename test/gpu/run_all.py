@@ -12,12 +12,14 @@ xlasync, policies, replay (each framework trace replayed under its recorded conf
 (the shared-budget check of the simulated CUDA, test/integration/check_share_budget.py, on the GPU),
 sharing (trainings sharing one budget against fixed shares and caps, and a member's start-up cost),
 nvml (NVML's memory info inside the process), memviz (traces exported for memory_viz and RMM, and
-replay --min-capacity), vmmpolicy (the vmm policy against growth and the frameworks' allocators).
+replay --min-capacity), vmmpolicy (the vmm policy against growth and the frameworks' allocators),
+stacks (CUPOOL_TRACE_STACKS: what native stacks cost, and that they name the frameworks' code).
 """
 import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -46,7 +48,8 @@ def check(name, ok, detail=""):
 def trace_summary(path):
     """Counts per (event, api, path), peaks and drops, read straight from the JSON lines."""
     s = {"events": 0, "by_api": {}, "peak_reserved": 0, "peak_in_use": 0, "peak_quarantined": 0, "peak_external": 0,
-         "ooms": 0, "dropped": None, "footer": False, "files": 0, "host_us_by_api": {}}
+         "ooms": 0, "dropped": None, "footer": False, "files": 0, "host_us_by_api": {},
+         "allocs": 0, "allocs_with_stack": 0, "stack_lines": 0, "stack_modules": {}}
     live_external = 0
     host_ns = {}
     files = [path] if os.path.exists(path) else []
@@ -67,6 +70,11 @@ def trace_summary(path):
                 s["dropped"] = (s["dropped"] or 0) + r.get("dropped", 0)
             if t == "event":
                 events.append(r)
+            if t == "stack":  # CUPOOL_TRACE_STACKS: the modules its frames lie in, by frame count
+                s["stack_lines"] += 1
+                for fr in r["frames"]:
+                    m = os.path.basename(fr.get("module", "")) or "(none)"
+                    s["stack_modules"][m] = s["stack_modules"].get(m, 0) + 1
         events.sort(key=lambda e: e["t"])  # threads' buffers are written in turn: sort by time
         for r in events:
             s["events"] += 1
@@ -89,6 +97,9 @@ def trace_summary(path):
                 live_external -= sizes.pop(r["ptr"])
             if r["ev"] == "oom":
                 s["ooms"] += 1
+            if r["ev"] in ("alloc", "vmm_create"):
+                s["allocs"] += 1
+                s["allocs_with_stack"] += "stack" in r
     s["host_us_by_api"] = {k: round(v / 1e3, 1) for k, v in host_ns.items()}
     return s
 
@@ -621,6 +632,83 @@ if wanted("vmmpolicy"):
         r = run(f"vmmpolicy-bench-{pol}-deferred-trace-off", [exe, "malloc", f"cupool {pol} deferred, trace off"],
                 shim={"CUPOOL_POLICY": pol, "CUPOOL_FREE": "deferred", "CUPOOL_TRACE": ""})
         check(f'{r["name"]}: ran and measured', r["rc"] == 0 and last_json(r).get("median_ns") is not None)
+
+# ---- Issue 16: who allocated it: native stacks at allocation (CUPOOL_TRACE_STACKS) --------------
+# The pool-hit pair cost with the trace on and stacks off, on (one allocation in 64) and all, in
+# alternating rounds; the reference transformer (every tensor through cupool) and JAX's MLP with
+# stacks off, on and all: the step time, and that the stacks name the frameworks' libraries, in
+# the trace, in `cupool report` and in the memory_viz export (opened by torch.cuda._memory_viz; a
+# smaller export is kept for the headless-Chromium check of docs/cli.md).
+if wanted("stacks"):
+    cupool_cmd = os.path.join(BUILD, "tools", "cupool")
+    exe = os.path.join(BIN, "bench_alloc")
+    pair = {"off": [], "on": [], "all": []}
+    for i in (1, 2, 3):
+        for mode in pair:
+            r = run(f"stacks-round{i}-{mode}", [exe, "malloc", f"round {i}: cupool growth deferred, trace on, stacks {mode}"],
+                    shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred", "CUPOOL_TRACE_BUFFER": "1048576",
+                          "CUPOOL_TRACE_STACKS": mode})
+            pair[mode].append(last_json(r).get("median_ns"))
+            t = r.get("trace") or {}
+            want = {"off": t.get("allocs_with_stack") == 0,
+                    "on": 0 < (t.get("allocs_with_stack") or 0) < t.get("allocs", 0) / 16,
+                    "all": t.get("allocs_with_stack") == t.get("allocs") and t.get("allocs", 0) > 0}[mode]
+            check(f'{r["name"]}: ran and measured, stacks as asked', r["rc"] == 0 and last_json(r).get("median_ns")
+                  is not None and want, f'{t.get("allocs_with_stack")} of {t.get("allocs")} allocations with a stack')
+    med = {m: statistics.median(v) for m, v in pair.items() if v and all(x is not None for x in v)}
+    print(f"   stacks pair cost, median of rounds (ns): {med}", flush=True)
+    check("stacks: the trace-on pair cost with CUPOOL_TRACE_STACKS=on stays under 0.5 us (median of 3 rounds)",
+          med.get("on") is not None and med["on"] < 500, json.dumps(med))
+
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    platform = {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    tr, jx = {}, {}
+    for mode in ("off", "on", "all"):
+        tr[mode] = run(f"stacks-transformer-takeover-{mode}", TRANSFORMER_WITH_STATS, dict(nocache, MODE=f"stacks {mode}"),
+                       shim={"CUPOOL_POLICY": "growth", "CUPOOL_TRACE_STACKS": mode})
+        jx[mode] = run(f"stacks-jax-platform-{mode}", [PY, JAX_MLP], dict(platform, MODE=f"stacks {mode}"),
+                       shim={"CUPOOL_POLICY": "growth", "CUPOOL_TRACE_STACKS": mode})
+    transformer_runs(*tr.values())
+    same_result("jax_mlp_step: the same weights with stacks off, on and all", jx["off"], jx["on"], jx["all"])
+    for framework, runs_of, libs in (("transformer", tr, ("libc10", "libtorch")), ("jax", jx, ("xla", "jaxlib"))):
+        for mode, r in runs_of.items():
+            traced(r)
+        t = runs_of["all"].get("trace") or {}
+        mods = t.get("stack_modules", {})
+        named = {m: n for m, n in mods.items() if any(lib in m for lib in libs)}
+        r = runs_of["all"]
+        r["stack_modules_top"] = dict(sorted(mods.items(), key=lambda kv: -kv[1])[:12])
+        check(f'{r["name"]}: every allocation has a stack, and frames lie in {"/".join(libs)}',
+              t.get("allocs", 0) > 0 and t.get("allocs_with_stack") == t.get("allocs") and named,
+              f'{t.get("allocs_with_stack")} of {t.get("allocs")} allocations, {t.get("stack_lines")} stacks; '
+              f'modules {json.dumps(r["stack_modules_top"])[:400]}')
+        prefix = re.sub(r"[^A-Za-z0-9_.-]", "_", r["name"]) + "."
+        files = sorted(os.path.join(TRACES, f) for f in os.listdir(TRACES) if f.startswith(prefix))
+        if not files:
+            continue
+        p = subprocess.run([cupool_cmd, "report", "--no-progress", *files], capture_output=True, text=True, timeout=600)
+        section = p.stdout.split("stacks of the largest allocations", 1)
+        shown = section[1].split("\n  out of memory", 1)[0] if len(section) == 2 else ""
+        r["report_stacks"] = ("stacks of the largest allocations" + shown)[:4000]
+        check(f'{r["name"]}: cupool report shows the largest allocations\' stacks, in {"/".join(libs)}',
+              p.returncode == 0 and any(lib in shown for lib in libs), (p.stderr or shown)[-400:])
+        if framework == "transformer":
+            viz = os.path.join(OUT, "stacks")
+            os.makedirs(viz, exist_ok=True)
+            p = subprocess.run([PY, os.path.join(HERE, "memviz_check.py"), "--cupool", cupool_cmd, "--frames-like", "libc10"]
+                               + sum((["--trace", f] for f in files), []), capture_output=True, text=True, timeout=600)
+            got = results.last_json(p.stdout) or {}
+            r["memviz"] = got
+            check(f'{r["name"]}: the memory_viz export carries the frames, and torch.cuda._memory_viz opens it',
+                  p.returncode == 0 and got.get("ok") is True, json.dumps(got)[:600])
+            # For the headless-Chromium check of MemoryViz.js (docs/cli.md): the last entries only.
+            p = subprocess.run([cupool_cmd, "export", "--memory-viz", "--max-entries", "3000", "--no-progress", *files,
+                                "-o", os.path.join(viz, "transformer-stacks.pickle")], capture_output=True, text=True,
+                               timeout=600)
+            check(f'{r["name"]}: a 3000-entry export for the page', p.returncode == 0, p.stderr[-300:])
+    steps = {f"{fw}-{mode}": parse_float(r"step=([\d.]+) ms", rr["stdout"]) for fw, runs_of in (("transformer", tr), ("jax", jx))
+             for mode, rr in runs_of.items()}
+    print(f"   stacks step ms: {steps}", flush=True)
 
 check_transformer_losses()
 

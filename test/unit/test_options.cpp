@@ -71,7 +71,7 @@ TEST_CASE("the table names every variable once, with everything filled in", "[op
     CHECK(!o.meaning.empty());
     CHECK(o.parse != nullptr);
   }
-  CHECK(names.size() == 18);
+  CHECK(names.size() == 19);
 }
 
 TEST_CASE("CUPOOL_POLICY", "[options]") {
@@ -249,6 +249,24 @@ TEST_CASE("CUPOOL_TRACE, CUPOOL_TRACE_FLUSH_MS, CUPOOL_TRACE_BUFFER", "[options]
   CHECK(error({{"CUPOOL_TRACE_BUFFER", "lots"}}).find("not a whole number") != std::string::npos);
 }
 
+TEST_CASE("CUPOOL_TRACE_STACKS", "[options]") {
+  CHECK(ok({}).trace_stacks == 0);
+  CHECK(ok({{"CUPOOL_TRACE_STACKS", "off"}}).trace_stacks == 0);
+  CHECK(ok({{"CUPOOL_TRACE_STACKS", "0"}}).trace_stacks == 0);
+  CHECK(ok({{"CUPOOL_TRACE_STACKS", "on"}}).trace_stacks == kTraceStacksOn);
+  CHECK(ok({{"CUPOOL_TRACE_STACKS", "all"}}).trace_stacks == 1);
+  CHECK(ok({{"CUPOOL_TRACE_STACKS", "1"}}).trace_stacks == 1);
+  CHECK(ok({{"CUPOOL_TRACE_STACKS", "1000000"}}).trace_stacks == 1'000'000);
+  CHECK(error({{"CUPOOL_TRACE_STACKS", "1000001"}}) ==
+        "cupool: CUPOOL_TRACE_STACKS=\"1000001\" is not valid: out of range; accepted: off, on (one allocation in 64), "
+        "all, or a whole number N from 1 to 1000000 (one allocation in N)");
+  CHECK(error({{"CUPOOL_TRACE_STACKS", "sometimes"}}).find("not a whole number") != std::string::npos);
+  CHECK(error({{"CUPOOL_TRACE_STACKS", "-4"}}).find("accepted: off, on") != std::string::npos);
+  const Config c = ok({{"CUPOOL_TRACE_STACKS", "16"}});
+  CHECK(describe(c).find(" trace_stacks=1/16 ") != std::string::npos);
+  CHECK(nlohmann::json::parse(config_json(c))["trace_stacks"] == 16);
+}
+
 TEST_CASE("CUPOOL_LOG_LEVEL", "[options]") {
   for (const char* level : {"trace", "debug", "info", "warn", "error", "off"}) CHECK(ok({{"CUPOOL_LOG_LEVEL", level}}).log_level == level);
   CHECK(ok({{"CUPOOL_LOG_LEVEL", "DEBUG"}}).log_level == "debug");
@@ -278,7 +296,7 @@ TEST_CASE("describe and config_json", "[options]") {
   const Config c = ok({{"CUPOOL_LIMIT", "8GiB,1:50%"}, {"CUPOOL_RELEASE", "30s"}, {"CUPOOL_TRACE", "/tmp/a \"b\".jsonl"}});
   CHECK(describe(c) ==
         "policy=growth free=deferred limit=8GiB,1:50% preallocate=75% preallocate_grow=false growth_chunk=32MiB "
-        "growth_chunk_max=512MiB release=30s thread_cache=on vmm_cache=on trace=/tmp/a \"b\".jsonl trace_flush_ms=100 trace_buffer=16384 log=info");
+        "growth_chunk_max=512MiB release=30s thread_cache=on vmm_cache=on trace=/tmp/a \"b\".jsonl trace_flush_ms=100 trace_buffer=16384 trace_stacks=off log=info");
   CHECK(describe(ok({})).find("limit=none") != std::string::npos);
   CHECK(describe(ok({})).find("release=never") != std::string::npos);
 

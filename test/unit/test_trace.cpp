@@ -359,6 +359,7 @@ TEST_CASE("the recorded configuration decodes to the configuration that was enco
     c.trace_path = i % 2 ? "/tmp/t-%p.jsonl" : "";
     c.trace_flush_ns = rng();
     c.trace_buffer_events = static_cast<std::uint32_t>(rng());
+    c.trace_stacks = static_cast<std::uint32_t>(rng() % 1'000'001);
     c.log_level = i % 3 ? "info" : "debug";
     if (i % 4 == 0) {
       c.share = "train-" + std::to_string(i);
@@ -578,6 +579,90 @@ TEST_CASE("threads that exit, and threads that move to a new writer", "[trace]")
 
 // [fork]: ThreadSanitizer cannot follow threads started in the child of a multi-threaded fork
 // ("dup thread with used id"); run it with "[trace]~[fork]".
+TEST_CASE("stacks: one line per stack and file, before the first event naming it, read back", "[trace][stacks]") {
+  TempDir dir;
+  const std::string path = dir.path + "/s.jsonl";
+  auto w = open_writer(trace_config(path));
+  // Return addresses: one in libc (an exported function: a symbol), one in no module at all.
+  const std::uintptr_t in_libc = reinterpret_cast<std::uintptr_t>(&::write) + 1;
+  const std::uintptr_t a[] = {in_libc, 0x10};
+  const std::uint32_t id = w->intern_stack(a, 2);
+  CHECK(id == 1);
+  CHECK(w->intern_stack(a, 2) == id);  // the same frames: the same id
+  CHECK(w->intern_stack(a, 1) == 2);   // a prefix is another stack
+  CHECK(w->intern_stack(a, 0) == 0);   // nothing captured: no stack
+  for (std::uint64_t i = 0; i < 6; ++i) {
+    trace::Record r = make_record(0, i);
+    r.kind = trace::EventKind::alloc;
+    r.stack = i < 4 ? id : 2;
+    w->record(r);
+  }
+  auto forked_child = [&] {
+    w->prepare_fork();
+    const pid_t child = fork();
+    if (child == 0) {
+      w->child_after_fork();
+      trace::Record r = make_record(1, 0);
+      r.kind = trace::EventKind::alloc;
+      r.stack = id;  // interned by the parent: its line goes into the child's file too
+      w->record(r);
+      w->close();
+      _exit(0);
+    }
+    w->parent_after_fork();
+    int status = 0;
+    REQUIRE(waitpid(child, &status, 0) == child);
+    CHECK(status == 0);
+    return child;
+  };
+  w->flush();
+  const pid_t child = forked_child();
+  w->close();
+
+  // The raw file: each stack's line once, before the first event that names it.
+  std::istringstream lines(slurp(path));
+  std::map<std::uint64_t, int> defined;
+  std::string line;
+  int events_with_stack = 0;
+  while (std::getline(lines, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j["type"] == "stack") CHECK(++defined[j["id"].get<std::uint64_t>()] == 1);
+    if (j["type"] == "event" && j.contains("stack")) {
+      CHECK(defined.count(j["stack"].get<std::uint64_t>()) == 1);
+      ++events_with_stack;
+    }
+  }
+  CHECK(events_with_stack == 6);
+  CHECK(defined.size() == 2);
+
+  std::unique_ptr<TraceReader> reader;
+  std::ifstream in;
+  const auto events = read_all(path, &reader, &in);
+  REQUIRE(events.size() == 6);
+  CHECK(events[0].stack == id);
+  CHECK(events[5].stack == 2);
+  const Stack* s = reader->stack(id);
+  REQUIRE(s != nullptr);
+  REQUIRE(s->size() == 2);
+  CHECK((*s)[0].pc == in_libc);
+  CHECK((*s)[0].module.find("libc.so") != std::string::npos);
+  CHECK_FALSE((*s)[0].symbol.empty());
+  CHECK((*s)[0].symbol_offset == 0);  // pc - 1 is the function's first byte
+  CHECK(frame_name((*s)[0]) == (*s)[0].symbol + "+0x0");
+  CHECK((*s)[1].module.empty());
+  CHECK(frame_name((*s)[1]) == "0x10");
+  CHECK(reader->stack(3) == nullptr);
+  CHECK(reader->stack(0) == nullptr);
+
+  // The child's file names the stack it used again.
+  std::unique_ptr<TraceReader> child_reader;
+  std::ifstream child_in;
+  const auto child_events = read_all(path + "." + std::to_string(child), &child_reader, &child_in);
+  REQUIRE(child_events.size() == 1);
+  REQUIRE(child_reader->stack(id) != nullptr);
+  CHECK(child_reader->stack(id)->size() == 2);
+}
+
 TEST_CASE("a forked child writes a file of its own", "[trace][fork]") {
   TempDir dir;
   const std::string path = dir.path + "/parent.jsonl";  // no %p: the child appends .<pid>
@@ -879,6 +964,16 @@ TEST_CASE("reader: errors name the source, the line and the problem", "[trace]")
   CHECK(error_of(R"({"type":"header","format":"cupool-trace","version":"1.0"})" "\n") ==
         "mem:1: header has no \"cupool_version\"");
 
+  // Stack lines (format 3.3): broken ones are named by their line.
+  CHECK(error_of(header_line() + R"({"type":"stack","id":1,"frames":[{"pc":"12"}]})" "\n") ==
+        "mem:2: stack frame field \"pc\": expected \"0x...\"");
+  CHECK(error_of(header_line() + R"({"type":"stack","id":0,"frames":[{"pc":"0x12"}]})" "\n") ==
+        "mem:2: stack line field \"id\": 0 is out of range (1 to 16777216)");
+  CHECK(error_of(header_line() + R"({"type":"stack","id":1,"frames":[]})" "\n") == "mem:2: stack line: no frames");
+  CHECK(error_of(header_line() + R"({"type":"stack","id":1})" "\n") == "mem:2: stack line has no \"frames\"");
+  CHECK(error_of(header_line() + with_field(kEvent, R"("stack":0)")) ==
+        "mem:2: event field \"stack\": expected a stack id (1 to 2^32 - 1)");
+
   // Broken JSON, with its line number.
   CHECK(error_of(header_line() + kEvent + "{\"type\":\"event\",\"t\":1,,}\n").rfind("mem:3: ", 0) == 0);
   CHECK(error_of(header_line() + kEvent + "{\"type\":\"device\",\n").rfind("mem:3: not valid JSON: ", 0) == 0);
@@ -998,8 +1093,10 @@ TEST_CASE("docs/trace-format.md names every key, line type and value of the sche
                  trace::key::oom_class, trace::key::reserved, trace::key::in_use, trace::key::largest_free,
                  trace::key::quarantined, trace::key::free_blocks, trace::key::flags, trace::key::cached, trace::key::name,
                  trace::key::timed_for, trace::key::recycled, trace::key::handle, trace::key::offset,
-                 trace::key::granules})
+                 trace::key::granules, trace::key::stack})
     CHECK(named(k));
+  namespace sk = trace::stack_key;
+  for (const char* k : {sk::id, sk::frames, sk::pc, sk::module, sk::offset, sk::symbol, sk::symbol_offset}) CHECK(named(k));
   namespace hk = trace::header_key;
   namespace fk = trace::footer_key;
   namespace dk = trace::device_key;
@@ -1011,7 +1108,8 @@ TEST_CASE("docs/trace-format.md names every key, line type and value of the sche
   for (auto n : trace::kEventKindNames) CHECK(named(n));
   for (auto n : trace::kPathNames) CHECK(named(n));
   for (auto n : trace::kOomClassNames) CHECK(named(n));
-  for (auto n : {trace::line::header, trace::line::event, trace::line::device, trace::line::drop, trace::line::footer})
+  for (auto n : {trace::line::header, trace::line::event, trace::line::device, trace::line::drop, trace::line::stack,
+                 trace::line::footer})
     CHECK(named(n));
   CHECK(doc.find("Version " + std::to_string(trace::kFormatMajor) + "." + std::to_string(trace::kFormatMinor)) !=
         std::string::npos);
