@@ -391,8 +391,12 @@ DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, 
 // ---- the vmm policy ---------------------------------------------------------------------------------
 
 std::uint64_t DevicePool::take(std::uint64_t bytes) {
-  const std::uint64_t p = sub_.allocate(bytes);
-  if (!vmm_ || p == 0) return p;
+  if (!vmm_) return sub_.allocate(bytes);
+  // A free block with memory behind it first: placed over unmapped granules, the block would need
+  // a map and (past the most ever mapped) idle granules unmapped, which waits for the device.
+  const std::uint64_t p = sub_.allocate_preferring(bytes, [&](std::uint64_t a, std::uint64_t n) { return granules_.ready(a, n); },
+                                                   kMappedProbe);
+  if (p == 0) return 0;
   if (granules_.ready(p, bytes)) {
     granules_.touch(p, bytes);
     return p;
@@ -455,7 +459,9 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
   if (!vmm_setup(lk, &fail)) return fail;
   for (;;) {
     if (abandoned_) return {0, OomClass::device, 0};
-    const std::uint64_t p = sub_.allocate(bytes);
+    // take() found no free block wholly mapped: one partly mapped needs fewer maps.
+    const std::uint64_t p = sub_.allocate_preferring(
+        bytes, [&](std::uint64_t a, std::uint64_t n) { return granules_.missing_bytes(a, n) < n; }, kMappedProbe);
     if (p == 0) return {0, OomClass::fragmentation, 0};  // no contiguous addresses left in the range
     if (granules_.busy(p, bytes)) {  // another thread maps or unmaps some of them: wait for it
       sub_.free(p);

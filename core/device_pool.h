@@ -105,6 +105,8 @@ class DevicePool final : public ThreadCacheOwner {
   static constexpr std::uint64_t kQuarantineFloor = 256ull << 20;
   // The virtual range is this many times the cap: blocks need contiguous addresses, memory does not.
   static constexpr std::uint64_t kRangeOverCap = 2;
+  // vmm policy: how many free blocks a placement looks at for one with memory mapped behind it.
+  static constexpr int kMappedProbe = 32;
 
  private:
   struct Reservation {  // what the upstream gave, by suballocator chunk id

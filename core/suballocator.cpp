@@ -6,7 +6,7 @@
 namespace cupool {
 
 namespace {
-constexpr int kAlignShift = 9;  // 512 bytes
+constexpr int kAlignShift = Suballocator::kAlignShift;
 static_assert((std::size_t{1} << kAlignShift) == Suballocator::kAlignment);
 constexpr std::size_t kInitialNodes = 1024;
 constexpr std::size_t kInitialMap = 2048;
@@ -207,6 +207,10 @@ std::uint64_t Suballocator::allocate(std::size_t size, std::uint32_t* chunk) {
   std::uint64_t bytes = size == 0 ? kAlignment : (size + kAlignment - 1) & ~std::uint64_t{kAlignment - 1};
   std::uint32_t n = find_free(bytes >> kAlignShift);
   if (n == kNil) return 0;
+  return take_node(n, bytes, chunk);
+}
+
+std::uint64_t Suballocator::take_node(std::uint32_t n, std::uint64_t bytes, std::uint32_t* chunk) {
   list_remove(n);
   Node* node = &nodes_[n];
   if (node->size > bytes) {

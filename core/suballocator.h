@@ -6,6 +6,7 @@
 // Not thread-safe: DevicePool serialises access.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -15,6 +16,7 @@ namespace cupool {
 class Suballocator {
  public:
   static constexpr std::size_t kAlignment = 512;
+  static constexpr int kAlignShift = 9;
   static constexpr std::uint32_t kNoChunk = 0xffffffffu;
 
   enum class FreeStatus : std::uint8_t {
@@ -45,6 +47,26 @@ class Suballocator {
   // A block of at least `size` bytes (rounded up to kAlignment; 0 counts as kAlignment), or 0.
   // Succeeds whenever some free block is large enough. `chunk` receives the block's chunk id.
   std::uint64_t allocate(std::size_t size, std::uint32_t* chunk = nullptr);
+  // As allocate(), but the first free block (up to `max_probe` of them, size classes ascending)
+  // where `prefer(address, bytes)` holds for the block it would hand out; else as allocate().
+  // The vmm policy prefers addresses with memory mapped behind them (DevicePool::take).
+  template <class Pred>
+  std::uint64_t allocate_preferring(std::size_t size, Pred&& prefer, int max_probe, std::uint32_t* chunk = nullptr) {
+    if (size > (std::size_t{1} << 62)) return 0;
+    const std::uint64_t bytes = size == 0 ? kAlignment : (size + kAlignment - 1) & ~std::uint64_t{kAlignment - 1};
+    int fl, sl;
+    mapping(bytes >> kAlignShift, &fl, &sl);
+    for (; fl < kFlCount && max_probe > 0; ++fl, sl = 0) {
+      for (std::uint32_t m = sl_bitmap_[fl] & (~0u << sl); m != 0 && max_probe > 0; m &= m - 1) {
+        for (std::uint32_t n = heads_[fl][std::countr_zero(m)]; n != kNil && max_probe > 0; n = nodes_[n].next_free) {
+          if (nodes_[n].size < bytes) continue;
+          --max_probe;
+          if (prefer(nodes_[n].addr, bytes)) return take_node(n, bytes, chunk);
+        }
+      }
+    }
+    return allocate(size, chunk);
+  }
   // Give back a block that allocate() returned.
   FreeStatus free(std::uint64_t address, FreeInfo* info = nullptr);
   // Quarantine: the program freed the block but it may not be reused yet. The block stays taken,
@@ -123,6 +145,7 @@ class Suballocator {
   void list_insert(std::uint32_t n);
   void list_remove(std::uint32_t n);
   std::uint32_t find_free(std::uint64_t units) const;
+  std::uint64_t take_node(std::uint32_t n, std::uint64_t bytes, std::uint32_t* chunk);  // free node n: its front
   std::uint32_t make_free(std::uint32_t n);  // coalesce and list; returns surviving node
   std::uint32_t find_chunk(std::uint64_t address) const;
   std::uint32_t block_containing(std::uint64_t address) const;

@@ -390,6 +390,16 @@ UpstreamStatus DriverUpstream::map(std::uint64_t va, std::size_t bytes, int* dri
   if (g == 0) return UpstreamStatus::error;
   ContextScope scope(ctx_);
   const CUmemAllocationProp prop = device_memory_prop(device_);
+  std::vector<CUmemAccessDesc> access(1);  // this device, then the peers granted access
+  access[0].location = prop.location;
+  access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  {
+    std::lock_guard lock(vmm_mutex_);
+    for (CUdevice peer : peers_) {
+      access.push_back(access[0]);
+      access.back().location.id = peer;
+    }
+  }
   std::vector<std::pair<std::uint64_t, CUmemGenericAllocationHandle>> made;
   made.reserve(bytes / g);
   CUresult rc = CUDA_SUCCESS;
@@ -404,12 +414,7 @@ UpstreamStatus DriverUpstream::map(std::uint64_t va, std::size_t bytes, int* dri
     }
     made.emplace_back(at, h);
   }
-  if (rc == CUDA_SUCCESS) {
-    CUmemAccessDesc access{};
-    access.location = prop.location;
-    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-    rc = CUPOOL_REAL(cuMemSetAccess)(static_cast<CUdeviceptr>(va), bytes, &access, 1);
-  }
+  if (rc == CUDA_SUCCESS) rc = CUPOOL_REAL(cuMemSetAccess)(static_cast<CUdeviceptr>(va), bytes, access.data(), access.size());
   if (rc != CUDA_SUCCESS) {  // nothing half done stays behind
     for (const auto& [at, h] : made) {
       CUPOOL_REAL(cuMemUnmap)(static_cast<CUdeviceptr>(at), g);
@@ -418,9 +423,47 @@ UpstreamStatus DriverUpstream::map(std::uint64_t va, std::size_t bytes, int* dri
     *driver_code = rc;
     return rc == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
   }
-  std::lock_guard lock(vmm_mutex_);
-  for (const auto& [at, h] : made) granule_handles_[at] = h;
+  std::vector<CUdevice> late;  // peers granted access while this map was in flight
+  {
+    std::lock_guard lock(vmm_mutex_);
+    for (const auto& [at, h] : made) granule_handles_[at] = h;
+    late.assign(peers_.begin() + static_cast<std::ptrdiff_t>(access.size() - 1), peers_.end());
+  }
+  for (CUdevice peer : late) {
+    CUmemAccessDesc d = access[0];
+    d.location.id = peer;
+    CUPOOL_REAL(cuMemSetAccess)(static_cast<CUdeviceptr>(va), bytes, &d, 1);
+  }
   return UpstreamStatus::ok;
+}
+
+void DriverUpstream::grant_peer(CUdevice accessor) {
+  if (detached_ || accessor == device_) return;
+  std::vector<std::uint64_t> mapped;
+  {
+    std::lock_guard lock(vmm_mutex_);
+    if (std::find(peers_.begin(), peers_.end(), accessor) != peers_.end()) return;
+    peers_.push_back(accessor);
+    mapped.reserve(granule_handles_.size());
+    for (const auto& [at, h] : granule_handles_) mapped.push_back(at);
+  }
+  if (mapped.empty()) return;
+  const std::size_t g = granularity_.load(std::memory_order_acquire);
+  std::sort(mapped.begin(), mapped.end());
+  CUmemAccessDesc d{};
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = accessor;
+  d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  ContextScope scope(ctx_);
+  // Adjacent granules in one call; a run that another thread unmapped meanwhile fails as a whole,
+  // and its granules are then asked one by one (those still mapped get access).
+  for (std::size_t i = 0; i < mapped.size();) {
+    std::size_t j = i + 1;
+    while (j < mapped.size() && mapped[j] == mapped[j - 1] + g) ++j;
+    if (CUPOOL_REAL(cuMemSetAccess)(static_cast<CUdeviceptr>(mapped[i]), (j - i) * g, &d, 1) != CUDA_SUCCESS)
+      for (std::size_t k = i; k < j; ++k) CUPOOL_REAL(cuMemSetAccess)(static_cast<CUdeviceptr>(mapped[k]), g, &d, 1);
+    i = j;
+  }
 }
 
 void DriverUpstream::unmap(std::uint64_t va, std::size_t bytes) {

@@ -67,6 +67,11 @@ class DriverUpstream final : public Upstream {
   // it but not cuMemCreate memory, so the vmm policy's granules and virtual range are given back
   // here, once the device has finished with them. Call before detach().
   void release_virtual_memory();
+  // Peer access (cuCtxEnablePeerAccess from a context of device `accessor` to this one): the
+  // driver makes cuMemAlloc memory reachable from there by that alone, but cuMemCreate memory
+  // only by cuMemSetAccess naming the device. So the vmm policy's granules get it: those mapped
+  // now, and every map after. Idempotent.
+  void grant_peer(CUdevice accessor);
   // The context is gone (reset or destroyed) or the process is exiting: call nothing more.
   void detach() { detached_ = true; }
   CUcontext context() const { return ctx_; }
@@ -112,6 +117,7 @@ class DriverUpstream final : public Upstream {
   std::mutex vmm_mutex_;
   std::unordered_map<std::uint64_t, CUmemGenericAllocationHandle> granule_handles_;
   std::unordered_map<std::uint64_t, std::size_t> vmm_ranges_;  // reserve_address's ranges, by address
+  std::vector<CUdevice> peers_;  // devices granted access to this context's memory (grant_peer)
   std::atomic<std::size_t> granularity_{0};  // 0: not asked yet
   bool vmm_unsupported_ = false;             // the driver has no VMM (under vmm_mutex_)
 };

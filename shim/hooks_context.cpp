@@ -63,6 +63,21 @@ CUresult cuDevicePrimaryCtxReset_v2(Path, CUdevice device) {
   return real ? real(device) : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+// The current context may now reach `peer`'s memory: cuMemAlloc memory by this call alone,
+// cuMemCreate memory (the vmm policy's granules) only once cupool names the device to the driver.
+CUresult cuCtxEnablePeerAccess(Path, CUcontext peer, unsigned int flags) {
+  HookScope scope;
+  auto real = CUPOOL_REAL(cuCtxEnablePeerAccess);
+  if (real == nullptr) return CUDA_ERROR_NOT_INITIALIZED;
+  const CUresult rc = real(peer, flags);
+  if (scope.outermost() && (rc == CUDA_SUCCESS || rc == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)) {
+    initialize();
+    CUdevice accessor = 0;
+    if (driver().ok && driver().ctx_get_device(&accessor) == CUDA_SUCCESS) peer_access_enabled(peer, accessor);
+  }
+  return rc;
+}
+
 // ---- Pointer queries --------------------------------------------------------------------
 
 namespace {

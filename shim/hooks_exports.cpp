@@ -80,6 +80,7 @@ CUPOOL_EXPORT(CUresult, cuStreamCreateWithPriority, (CUstream* s, unsigned f, in
 CUPOOL_EXPORT(CUresult, cuStreamDestroy_v2, (CUstream s), s)
 CUPOOL_EXPORT(CUresult, cuCtxDestroy_v2, (CUcontext c), c)
 CUPOOL_EXPORT(CUresult, cuDevicePrimaryCtxReset_v2, (CUdevice d), d)
+CUPOOL_EXPORT(CUresult, cuCtxEnablePeerAccess, (CUcontext c, unsigned f), c, f)
 // Driver: arrays, stream capture, graph memory.
 CUPOOL_EXPORT(CUresult, cuArrayCreate_v2, (CUarray* a0, const CUDA_ARRAY_DESCRIPTOR* a1), a0, a1)
 CUPOOL_EXPORT(CUresult, cuArray3DCreate_v2, (CUarray* a0, const CUDA_ARRAY3D_DESCRIPTOR* a1), a0, a1)

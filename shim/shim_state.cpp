@@ -202,6 +202,17 @@ ProcessMemory& process_memory() { return *g_memory; }
 
 namespace {
 
+// Peer access granted to each context's memory (by context), for pools made after the grant.
+// Never destroyed: hooks may run during exit.
+std::mutex g_peers_mu;
+auto* g_peers = new std::unordered_map<std::uint64_t, std::vector<CUdevice>>;
+
+std::vector<CUdevice> peers_of(CUcontext ctx) {
+  std::lock_guard lock(g_peers_mu);
+  auto it = g_peers->find(key_of(ctx));
+  return it == g_peers->end() ? std::vector<CUdevice>{} : it->second;
+}
+
 // Describes a new context's memory: its device, primary context and driver upstream. Called once
 // per context, under the contexts' lock.
 bool describe_context(CUcontext ctx, ContextPool& cp, CUresult* rc) {
@@ -215,7 +226,9 @@ bool describe_context(CUcontext ctx, ContextPool& cp, CUresult* rc) {
   CUcontext primary = nullptr;
   if (d.primary_ctx_retain(&primary, device) == CUDA_SUCCESS) d.primary_ctx_release(device);
   cp.primary = key_of(primary);
-  cp.upstream = new DriverUpstream(ctx, device);  // leaked with the record: hooks may run during exit
+  auto* upstream = new DriverUpstream(ctx, device);  // leaked with the record: hooks may run during exit
+  for (CUdevice peer : peers_of(ctx)) upstream->grant_peer(peer);  // nothing mapped yet: no driver call
+  cp.upstream = upstream;
   if (!g_memory->device_known(device)) {
     char name[256] = {};
     std::size_t total = 0;
@@ -279,7 +292,22 @@ std::function<void(ContextPool&)> dropping(const char* api) {
 }
 }  // namespace
 
-void drop_context(CUcontext ctx, const char* api) { g_memory->drop(key_of(ctx), dropping(api)); }
+void drop_context(CUcontext ctx, const char* api) {
+  {
+    std::lock_guard lock(g_peers_mu);  // a later context at the same address starts with none
+    g_peers->erase(key_of(ctx));
+  }
+  g_memory->drop(key_of(ctx), dropping(api));
+}
+
+void peer_access_enabled(CUcontext owner, CUdevice accessor) {
+  {
+    std::lock_guard lock(g_peers_mu);
+    std::vector<CUdevice>& peers = (*g_peers)[key_of(owner)];
+    if (std::find(peers.begin(), peers.end(), accessor) == peers.end()) peers.push_back(accessor);
+  }
+  if (ContextPool* cp = g_memory->find(key_of(owner))) driver_upstream(*cp).grant_peer(accessor);
+}
 
 void drop_primary_context(int device, const char* api) {
   g_memory->drop_if([device](const ContextPool& cp) { return cp.device == device && cp.primary == cp.ctx; },

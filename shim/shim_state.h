@@ -61,6 +61,9 @@ ContextPool* existing_pool(CUcontext ctx);
 ContextPool* pool_owning(std::uint64_t ptr);
 // A context went away: its pool forgets its memory without touching the driver.
 void drop_context(CUcontext ctx, const char* api);
+// A context of device `accessor` may now reach `owner`'s memory (cuCtxEnablePeerAccess): owner's
+// pool, now or when it is made, grants that device access to what it maps (DriverUpstream::grant_peer).
+void peer_access_enabled(CUcontext owner, CUdevice accessor);
 // Waits for all work of every context that has a pool (once, when streams first overlap).
 void synchronize_all_pools();
 void drop_primary_context(int device, const char* api);

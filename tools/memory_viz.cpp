@@ -45,13 +45,13 @@ MemoryVizWriter::Lane* MemoryVizWriter::lane_holding(std::size_t source, int dev
 }
 
 void MemoryVizWriter::add(Lane& l, Action a, std::uint64_t addr, std::uint64_t size, std::uint64_t stream,
-                          std::uint64_t t_ns) {
+                          std::uint64_t t_ns, std::uint32_t stack) {
   // PyTorch stamps entries in microseconds of the wall clock.
   const Source& s = sources_[l.source];
   std::uint64_t unix_ns = t_ns;
   if (s.start_unix_ns != 0) unix_ns = t_ns >= s.start_mono_ns ? s.start_unix_ns + (t_ns - s.start_mono_ns)
                                                                 : s.start_unix_ns - std::min(s.start_unix_ns, s.start_mono_ns - t_ns);
-  l.entries.push_back(Entry{a, addr, size, stream, unix_ns / 1000});
+  l.entries.push_back(Entry{a, addr, size, stream, unix_ns / 1000, stack});
   if (max_entries_ != 0 && l.entries.size() > max_entries_) {
     l.entries.pop_front();
     ++l.dropped;
@@ -145,9 +145,11 @@ void MemoryVizWriter::complete(Lane& l, std::uint64_t addr, std::uint64_t t) {
       l.quarantine.erase(q);
     l.quarantine_bytes -= std::min(l.quarantine_bytes, b.size);
   } else {
-    add(l, Action::free_requested, addr, b.requested, b.stream, t);
+    add(l, Action::free_requested, addr, b.requested, b.stream, t, b.stack);
   }
-  add(l, Action::free_completed, addr, b.requested, b.stream, t);
+  // A free carries its allocation's frames, as PyTorch's do: the page shows them for a block it
+  // rebuilds from the free.
+  add(l, Action::free_completed, addr, b.requested, b.stream, t, b.stack);
   l.blocks.erase(it);
 }
 
@@ -163,8 +165,7 @@ void MemoryVizWriter::allocate(Lane& l, const Event& e, std::uint64_t t) {
           e.ptr + size <= seg->first + seg->second.size) {
         evict_range(l, e.ptr, e.ptr + size, t, false);  // blocks only: the chunk stays
         l.blocks[e.ptr] = Block{size, e.size, stream, false, e.stack};
-        add(l, Action::alloc, e.ptr, e.size, stream, t);
-        l.entries.back().stack = e.stack;
+        add(l, Action::alloc, e.ptr, e.size, stream, t, e.stack);
         return;
       }
     }
@@ -173,9 +174,9 @@ void MemoryVizWriter::allocate(Lane& l, const Event& e, std::uint64_t t) {
   // its own, as PyTorch shows memory taken with its cache turned off.
   if (e.size == 0) return;
   add_segment(l, e.ptr, Segment{e.size, stream, SegmentKind::outside}, t);
+  if (!l.entries.empty() && l.entries.back().action == Action::segment_alloc) l.entries.back().stack = e.stack;
   l.blocks[e.ptr] = Block{e.size, e.size, stream, false, e.stack};
-  add(l, Action::alloc, e.ptr, e.size, stream, t);
-  l.entries.back().stack = e.stack;
+  add(l, Action::alloc, e.ptr, e.size, stream, t, e.stack);
 }
 
 void MemoryVizWriter::free_block(Lane& l, std::uint64_t addr, bool held, std::uint64_t t) {
@@ -189,7 +190,7 @@ void MemoryVizWriter::free_block(Lane& l, std::uint64_t addr, bool held, std::ui
     it->second.pending_free = true;
     l.quarantine.push_back(addr);
     l.quarantine_bytes += it->second.size;
-    add(l, Action::free_requested, addr, it->second.requested, it->second.stream, t);
+    add(l, Action::free_requested, addr, it->second.requested, it->second.stream, t, it->second.stack);
     return;
   }
   complete(l, addr, t);

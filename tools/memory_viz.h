@@ -82,7 +82,8 @@ class MemoryVizWriter final : public EventVisitor {
 
   Lane& lane(std::size_t source, int device);
   Lane* lane_holding(std::size_t source, int device, std::uint64_t ptr);
-  void add(Lane& l, Action a, std::uint64_t addr, std::uint64_t size, std::uint64_t stream, std::uint64_t t_ns);
+  void add(Lane& l, Action a, std::uint64_t addr, std::uint64_t size, std::uint64_t stream, std::uint64_t t_ns,
+           std::uint32_t stack = 0);
   void allocate(Lane& l, const Event& e, std::uint64_t t);
   void free_block(Lane& l, std::uint64_t addr, bool held, std::uint64_t t);
   void complete(Lane& l, std::uint64_t addr, std::uint64_t t);

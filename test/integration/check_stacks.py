@@ -130,6 +130,9 @@ def main():
     if [fr["name"].split("+")[0] for fr in big["frames"]].count("stacks_recurse") != 9 or \
             any(set(fr) != {"filename", "line", "name"} for fr in big["frames"]):
         fail(f"memory_viz frames of the largest allocation: {big['frames']}")
+    frees = [e for e in entries if e["action"] in ("free_requested", "free_completed")]
+    if not frees or any(not e["frames"] for e in frees):
+        fail(f"memory_viz: frees without their allocation's frames: {sum(1 for e in frees if not e['frames'])} of {len(frees)}")
     ooms = [e for e in entries if e["action"] == "oom"]
     if not ooms or not ooms[0]["frames"] or not ooms[0]["frames"][0]["name"].startswith("stacks_allocate_too_much"):
         fail(f"memory_viz: the oom entry's frames: {ooms}")

@@ -31,6 +31,7 @@ EXPECTED_PATHS = {
     "prog_arrays": {"symbol", "proc-address"},  # the runtime's arrays come through the driver
     "prog_nvml": {"symbol"},
     "prog_nvml_dlopen": {"symbol"},
+    "prog_peer": {"symbol"},
 }
 
 # Program counts of virtual-memory calls (successful ones) and the trace events that must match.
@@ -250,6 +251,11 @@ def main():
             fail(f"{name}: program made {report['allocs']} allocations, trace has {totals[0]}")
         if "frees" in report and report["frees"] != totals[1]:
             fail(f"{name}: program made {report['frees']} frees, trace has {totals[1]}")
+        if "mappings" in report:  # prog_peer: every block reachable from the peer device
+            want = 3 if a.policy == "vmm" else 0  # under the vmm policy, blocks are cuMemCreate mappings
+            if report["mappings"] != want or report["reachable"] != 3:
+                fail(f"{name}: {report['mappings']} blocks were mappings (expected {want}), "
+                     f"{report['reachable']} of 3 reachable from device 1")
         if "bytes" in report and report["bytes"] > totals[2]:
             fail(f"{name}: program asked for {report['bytes']} bytes, trace has {totals[2]}")
         print(f"ok: {name} policy={a.policy} free={a.free}: {totals[0]} allocs, {totals[1]} frees in {len(own)} trace(s)")

@@ -94,6 +94,7 @@ struct Context {
     std::atomic<bool> alive{false};
     int refcount = 0;     // primary only
     unsigned flags = 0;
+    std::vector<int> peers;  // devices whose memory this context may access (cuCtxEnablePeerAccess)
     std::shared_ptr<Stream> legacy;
     std::vector<std::shared_ptr<Stream>> streams;  // every non-legacy stream, including per-thread ones
     unsigned long long id = 0;
@@ -143,6 +144,7 @@ struct Mapping {  // cuMemMap
     CUmemGenericAllocationHandle handle = 0;
     size_t offset = 0;
     unsigned long long access = 0;
+    unsigned long long access_devices = 0;  // bit d: device d was given `access` (cuMemSetAccess)
 };
 
 struct Event {
@@ -1986,6 +1988,44 @@ CUresult cuCtxGetDevice(CUdevice* device) {
     return CUDA_SUCCESS;
 }
 
+// Peer access: the current context may then reach the peer context's device memory. The
+// simulated devices share the host's memory, so the record is all there is: what a program (or
+// cupool) asks, and what cuDeviceCanAccessPeer says, are checked as the driver checks them.
+CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags) {
+    CHECK_INIT();
+    if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    Context* c = nullptr;
+    if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
+    Context* peer = peerContext ? ctx_of(peerContext) : nullptr;
+    if (peer == nullptr || !peer->alive) return CUDA_ERROR_INVALID_CONTEXT;
+    if (peer->dev == c->dev) return CUDA_ERROR_INVALID_DEVICE;
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (std::find(c->peers.begin(), c->peers.end(), peer->dev) != c->peers.end()) return CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+    c->peers.push_back(peer->dev);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuCtxDisablePeerAccess(CUcontext peerContext) {
+    CHECK_INIT();
+    Context* c = nullptr;
+    if (CUresult r = need_ctx(&c); r != CUDA_SUCCESS) return r;
+    Context* peer = peerContext ? ctx_of(peerContext) : nullptr;
+    if (peer == nullptr || !peer->alive) return CUDA_ERROR_INVALID_CONTEXT;
+    std::lock_guard<std::mutex> lk(g_mu);
+    auto it = std::find(c->peers.begin(), c->peers.end(), peer->dev);
+    if (it == c->peers.end()) return CUDA_ERROR_PEER_ACCESS_NOT_ENABLED;
+    c->peers.erase(it);
+    return CUDA_SUCCESS;
+}
+
+CUresult cuDeviceCanAccessPeer(int* canAccessPeer, CUdevice dev, CUdevice peerDev) {
+    CHECK_INIT();
+    if (canAccessPeer == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (check_dev(dev) != CUDA_SUCCESS || check_dev(peerDev) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
+    *canAccessPeer = dev != peerDev;
+    return CUDA_SUCCESS;
+}
+
 CUresult cuCtxGetFlags(unsigned int* flags) {
     CHECK_INIT();
     if (flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
@@ -2419,7 +2459,14 @@ CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* des
     if (fl & CU_MEM_ACCESS_FLAGS_PROT_READ) prot |= PROT_READ;
     if ((fl & CU_MEM_ACCESS_FLAGS_PROT_READWRITE) == CU_MEM_ACCESS_FLAGS_PROT_READWRITE) prot |= PROT_WRITE;
     if (mprotect(reinterpret_cast<void*>(ptr), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
-    for (auto jt = it; jt != g_st->mappings.end() && jt->first < end; ++jt) jt->second.access = fl;
+    for (auto jt = it; jt != g_st->mappings.end() && jt->first < end; ++jt) {
+        jt->second.access = fl;
+        for (size_t i = 0; i < count; ++i) {
+            const unsigned long long bit = 1ull << desc[i].location.id;
+            if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) jt->second.access_devices &= ~bit;
+            else jt->second.access_devices |= bit;
+        }
+    }
     return CUDA_SUCCESS;
 }
 
@@ -2429,7 +2476,10 @@ CUresult cuMemGetAccess(unsigned long long* flags, const CUmemLocation* location
     std::lock_guard<std::mutex> lk(g_mu);
     auto mt = find_mapping_locked(static_cast<uintptr_t>(ptr));
     if (mt == g_st->mappings.end()) return CUDA_ERROR_INVALID_VALUE;
-    *flags = mt->second.access;
+    if (location->type != CU_MEM_LOCATION_TYPE_DEVICE || check_dev(location->id) != CUDA_SUCCESS)
+        return CUDA_ERROR_INVALID_DEVICE;
+    // Per device, as the driver answers: the devices a cuMemSetAccess named have its flags.
+    *flags = (mt->second.access_devices >> location->id & 1) ? mt->second.access : static_cast<unsigned long long>(CU_MEM_ACCESS_FLAGS_PROT_NONE);
     return CUDA_SUCCESS;
 }
 
@@ -3313,6 +3363,9 @@ const ProcEntry kProcTable[] = {
     P("cuCtxCreate", 12050, cuCtxCreate_v4),
     P("cuCtxDestroy", 2000, cuCtxDestroy),
     P("cuCtxDestroy", 4000, cuCtxDestroy_v2),
+    P("cuCtxEnablePeerAccess", 4000, cuCtxEnablePeerAccess),
+    P("cuCtxDisablePeerAccess", 4000, cuCtxDisablePeerAccess),
+    P("cuDeviceCanAccessPeer", 4000, cuDeviceCanAccessPeer),
     P("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
     P("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     P("cuCtxPushCurrent", 2000, cuCtxPushCurrent),

@@ -68,6 +68,9 @@ struct Drv {
     decltype(&cuIpcCloseMemHandle) IpcCloseMemHandle;
     decltype(&cuPointerGetAttributes) PointerGetAttributes;
     decltype(&cuMemHostAlloc) MemHostAlloc;
+    decltype(&cuCtxEnablePeerAccess) CtxEnablePeerAccess;
+    decltype(&cuCtxDisablePeerAccess) CtxDisablePeerAccess;
+    decltype(&cuDeviceCanAccessPeer) DeviceCanAccessPeer;
     decltype(&cuMemFreeHost) MemFreeHost;
     decltype(&cuDeviceGetAttribute) DeviceGetAttribute;
     decltype(&cuStreamBeginCapture_v2) StreamBeginCapture;
@@ -198,6 +201,9 @@ bool fetch_all(Drv& d, cuuint64_t fl) {
     ok &= fetch(d.IpcCloseMemHandle, "cuIpcCloseMemHandle", fl);
     ok &= fetch(d.PointerGetAttributes, "cuPointerGetAttributes", fl);
     ok &= fetch(d.MemHostAlloc, "cuMemHostAlloc", fl);
+    ok &= fetch(d.CtxEnablePeerAccess, "cuCtxEnablePeerAccess", fl);
+    ok &= fetch(d.CtxDisablePeerAccess, "cuCtxDisablePeerAccess", fl);
+    ok &= fetch(d.DeviceCanAccessPeer, "cuDeviceCanAccessPeer", fl);
     ok &= fetch(d.MemFreeHost, "cuMemFreeHost", fl);
     ok &= fetch(d.DeviceGetAttribute, "cuDeviceGetAttribute", fl);
     ok &= fetch(d.StreamBeginCapture, "cuStreamBeginCapture", fl);
@@ -524,6 +530,49 @@ cudaError_t cudaDriverGetVersion(int* driverVersion) {
 }
 
 // ---------------------------------------------------------------- memory
+
+// Peer access, as the runtime does it: the peer device's primary context, through the driver's
+// context calls (found by cuGetProcAddress, like every driver call of the runtime).
+CUcontext peer_primary(int peerDevice, cudaError_t* e) {
+    CUcontext c = nullptr;
+    std::lock_guard<std::mutex> lk(g_mu);
+    if (peerDevice < 0 || peerDevice >= kMaxDevices) {
+        *e = cudaErrorInvalidDevice;
+        return nullptr;
+    }
+    if (g_primary[static_cast<size_t>(peerDevice)] == nullptr) {
+        if (CUresult r = D().DevicePrimaryCtxRetain(&c, peerDevice); r != CUDA_SUCCESS) {
+            *e = map_err(r);
+            return nullptr;
+        }
+        g_primary[static_cast<size_t>(peerDevice)] = c;
+    }
+    *e = cudaSuccess;
+    return g_primary[static_cast<size_t>(peerDevice)];
+}
+
+cudaError_t cudaDeviceEnablePeerAccess(int peerDevice, unsigned int flags) {
+    ENSURE();
+    cudaError_t e = cudaSuccess;
+    CUcontext peer = peer_primary(peerDevice, &e);
+    if (peer == nullptr) return ret(e);
+    const CUresult r = D().CtxEnablePeerAccess(peer, flags);
+    return ret(r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED ? cudaErrorPeerAccessAlreadyEnabled : map_err(r));
+}
+
+cudaError_t cudaDeviceDisablePeerAccess(int peerDevice) {
+    ENSURE();
+    cudaError_t e = cudaSuccess;
+    CUcontext peer = peer_primary(peerDevice, &e);
+    if (peer == nullptr) return ret(e);
+    const CUresult r = D().CtxDisablePeerAccess(peer);
+    return ret(r == CUDA_ERROR_PEER_ACCESS_NOT_ENABLED ? cudaErrorPeerAccessNotEnabled : map_err(r));
+}
+
+cudaError_t cudaDeviceCanAccessPeer(int* canAccessPeer, int device, int peerDevice) {
+    if (cudaError_t e = init_rt(); e != cudaSuccess) return ret(e);
+    return ret(D().DeviceCanAccessPeer(canAccessPeer, device, peerDevice));
+}
 
 cudaError_t cudaMalloc(void** devPtr, size_t size) {
     ENSURE();

@@ -46,6 +46,42 @@ TEST_CASE("suballocator: blocks are aligned, rounded and accounted", "[suballoca
   CHECK(s.check_invariants());
 }
 
+TEST_CASE("suballocator: allocate_preferring takes the first free block the caller prefers", "[suballocator]") {
+  Suballocator s;
+  REQUIRE(s.add_chunk(kBase, 64 * MiB) != Suballocator::kNoChunk);
+  // Free holes of 2 MiB at 0, 8 and 16 MiB (their neighbours live), and the tail from 24 MiB.
+  std::vector<std::uint64_t> blocks;
+  for (int i = 0; i < 12; ++i) blocks.push_back(s.allocate(2 * MiB));
+  REQUIRE(s.free(blocks[0]) == FS::freed);
+  REQUIRE(s.free(blocks[4]) == FS::freed);
+  REQUIRE(s.free(blocks[8]) == FS::freed);
+  std::vector<std::uint64_t> asked;
+  auto at_0 = [&](std::uint64_t a, std::uint64_t n) {
+    asked.push_back(a);
+    CHECK(n == 1 * MiB);
+    return a == kBase;
+  };
+  CHECK(s.allocate_preferring(1 * MiB, at_0, 32) == kBase);
+  CHECK(asked.size() >= 2);  // the hole freed first is listed last: others were looked at first
+  CHECK(s.check_invariants());
+  // Nothing preferred: as allocate() would place it.
+  Suballocator t;
+  REQUIRE(t.add_chunk(kBase, 64 * MiB) != Suballocator::kNoChunk);
+  const std::uint64_t plain = t.allocate(3 * MiB);
+  Suballocator u;
+  REQUIRE(u.add_chunk(kBase, 64 * MiB) != Suballocator::kNoChunk);
+  CHECK(u.allocate_preferring(3 * MiB, [](std::uint64_t, std::uint64_t) { return false; }, 32) == plain);
+  // The probe is bounded: with one candidate looked at, the preferred hole is never reached.
+  asked.clear();
+  const std::uint64_t p = s.allocate_preferring(1 * MiB, [&](std::uint64_t a, std::uint64_t) {
+    asked.push_back(a);
+    return a == kBase + 8 * MiB;
+  }, 1);
+  CHECK(asked.size() == 1);
+  CHECK(p != 0);
+  CHECK(s.check_invariants());
+}
+
 TEST_CASE("suballocator: free classifies double free and foreign pointers", "[suballocator]") {
   Suballocator s;
   s.add_chunk(kBase, 1 * MiB);

@@ -404,22 +404,26 @@ TEST_CASE("vmm policy: reserved follows in use where chunked growth fragments", 
   }
   // Chunked growth: 3552 MiB reserved at the peak, 1.096 times the peak in use.
   CHECK(g.peak_reserved == 3552 * MiB);
-  // vmm: 3252 MiB, 1.0032 times; what is left over is the granules that blocks share partly.
-  CHECK(v.peak_reserved == 3252 * MiB);
-  CHECK(d.peak_reserved == 3252 * MiB);  // deferred frees in one order: fences from frees cover them
-  CHECK(f.peak_reserved == 3254 * MiB);  // deferred frees behind fences
+  // vmm: 3246 MiB, 1.0013 times; what is left over is the granules that blocks share partly.
+  // Free blocks with memory behind them are placed first (Suballocator::allocate_preferring):
+  // placed blind, blocks went over unmapped granules while mapped ones sat idle, and the run
+  // reserved 3252 MiB with 21 maps and 27 unmaps in its last 75 steps.
+  CHECK(v.peak_reserved == 3246 * MiB);
+  CHECK(d.peak_reserved == 3246 * MiB);  // deferred frees in one order: fences from frees cover them
+  CHECK(f.peak_reserved == 3246 * MiB);  // deferred frees behind fences
   // A device that lags the host: idle granules are not yet safe when a map would pass the most
   // ever mapped; the pool waits for their fence rather than map more (it mapped more before,
   // and reserved crept up to 1.15 times in use on the H200).
-  CHECK(b.peak_reserved == 3252 * MiB);
-  // Waits for the device in the last 75 steps: 12, where sync frees wait at each of thousands of frees.
-  CHECK(b.fence_waits == 12);
+  CHECK(b.peak_reserved == 3246 * MiB);
+  // Waits for the device in the last 75 steps: 8 (12 with blind placement), where sync frees
+  // wait at each of thousands of frees.
+  CHECK(b.fence_waits == 8);
   // Steady state (the last 75 steps, whose use swings by up to 1.6 GiB a step): a few driver
   // calls in all, because idle granules go only when a map would pass the most ever mapped.
-  CHECK(v.maps == 21);
-  CHECK(v.unmaps == 27);
-  CHECK(v.mapped == 792 * MiB);
-  CHECK(f.maps + f.unmaps == 113);
+  CHECK(v.maps == 6);
+  CHECK(v.unmaps == 4);
+  CHECK(v.mapped == 236 * MiB);
+  CHECK(f.maps + f.unmaps == 15);
 }
 
 TEST_CASE("vmm policy: replay's device maps 2 MiB granules whatever its chunk rounding", "[vmm-policy]") {
