@@ -473,18 +473,14 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
     // go first, so that the peak of reserved follows the peak in use. Below that mark, idle
     // granules stay: a loop whose use swings every step would otherwise unmap and map them again
     // every step (docs/design.md, "The vmm policy"). Idle granules that the device may still
-    // read (deferred frees) are not unmapped before their fence retires: the pool then maps more
-    // rather than wait, unless that would take what is mapped past the most ever taken by blocks
-    // by more than 1/kWaitSlack; then it waits for the device. Without the wait the mark crept up
-    // step after step; with it at every pass of the mark, steps waited for the device often.
-    taken_high_ = std::max(taken_high_, sub_.in_use() + sub_.held());
+    // read (deferred frees) are waited for here: without the wait the pool mapped more, and the
+    // mark crept up step after step. Passing the mark is rare once a workload has seen its
+    // peak, so the wait is too.
     const std::uint64_t after = granules_.mapped_bytes() + transit_ + granules_.missing_bytes(p, bytes);
     if (after > mapped_high_ && granules_.idle_bytes() > 0) {
       const std::uint64_t want = after - mapped_high_;
       const std::uint64_t got = unmap_idle(lk, want, false);
-      const std::uint64_t bound = taken_high_ + taken_high_ / kWaitSlack;
-      if (!abandoned_ && after - got > bound && granules_.idle_bytes() > 0)
-        unmap_idle(lk, std::min(want - got, after - got - bound), true);
+      if (!abandoned_ && got < want && granules_.idle_bytes() > 0) unmap_idle(lk, want - got, true);
       if (abandoned_) return {0, OomClass::device, 0};
     }
     std::uint64_t need = 0;

@@ -107,9 +107,6 @@ class DevicePool final : public ThreadCacheOwner {
   static constexpr std::uint64_t kRangeOverCap = 2;
   // vmm policy: how many free blocks a placement looks at for one with memory mapped behind it.
   static constexpr int kMappedProbe = 32;
-  // vmm policy: a map waits for the device (idle granules' fence) rather than take what is mapped
-  // past the most ever in blocks by more than 1/kWaitSlack of it (map_block).
-  static constexpr std::uint64_t kWaitSlack = 64;
 
  private:
   struct Reservation {  // what the upstream gave, by suballocator chunk id
@@ -248,7 +245,6 @@ class DevicePool final : public ThreadCacheOwner {
   std::uint64_t vmm_base_ = 0, vmm_size_ = 0;
   Granules granules_;
   std::uint64_t mapped_high_ = 0;      // the most ever mapped (and in flight) at once
-  std::uint64_t taken_high_ = 0;       // the most ever in blocks (live and quarantined), seen by map_block
   std::uint64_t free_seq_ = 1;         // advances past each fence placed for idle granules
   std::uint64_t safe_seq_ = 0;         // idle granules freed at or before it may be unmapped
   FenceId unmap_fence_ = 0;            // placed for idle granules, not yet seen retired...
