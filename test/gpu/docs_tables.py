@@ -227,8 +227,7 @@ def share_startup():
         table(["members", "samples", "join (median)", "first admission (median)", "total (median)", "total (p90)"], rows)
 
 
-def vmm_others():
-    name = "2026-12-02-runJ-results-nvml-vmmpolicy.json"
+def vmm_others(name):
     d = load(name)
     rows = []
     for r in d["runs"]:
@@ -246,6 +245,26 @@ def vmm_others():
         ["run", "exit", "median step ms", "exact loss", "peak in use", "peak reserved", "reserved / in use"], rows) + \
         "\n\nPool-hit pair cost (`test/gpu/bench_alloc.cu`, 64 MiB, 8 threads, one run each):\n\n" + table(
         ["run", "median ns"], bench)
+
+
+def stacks():
+    name = "2026-12-02-runN-results-stacks.json"
+    d = load(name)
+    r = by_name(d["runs"])
+    rows = []
+    for mode in ("off", "on", "all"):
+        ns = [last_json(r[f"stacks-round{i}-{mode}"]["stdout"]).get("median_ns") for i in (1, 2, 3)]
+        rows.append([f"pair cost, trace on, stacks {mode}", " / ".join(str(x) for x in ns),
+                     f"{sorted(ns)[1]} ns"])
+    for fw, label in (("transformer", "transformer step (every tensor through cupool)"), ("jax", "JAX MLP step (platform allocator)")):
+        for mode in ("off", "on", "all"):
+            run = r[f"stacks-{fw}-takeover-{mode}" if fw == "transformer" else f"stacks-jax-platform-{mode}"]
+            t = run.get("trace") or {}
+            rows.append([f"{label}, stacks {mode}", f'{t.get("allocs_with_stack")} of {t.get("allocs")} allocations with a stack, '
+                         f'{t.get("stack_lines")} distinct stacks', f'{field(r"step=([0-9.]+) ms", run["stdout"])} ms'])
+    return source(name, d["header"]) + (" Pair cost: `test/gpu/bench_alloc.cu`, 64 MiB, 8 threads, median ns per "
+                                        "alloc+free per thread, three alternating rounds (growth, deferred frees, "
+                                        "trace on). Steps: median ms.\n\n") + table(["run", "rounds / stacks", "median"], rows)
 
 
 def min_capacity():
@@ -269,7 +288,11 @@ TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": framewor
           "policies-pt": lambda: policies("pt-"), "policies-jax": lambda: policies("jax-"),
           "policies-share": lambda: policies("share-"), "limit": limit,
           "sharing": sharing, "share-startup": share_startup,
-          "vmm-varlen": lambda: policies("pt-", "2026-12-02-runJ-vmmpolicy-policies.json"), "vmm-others": vmm_others,
+          "vmm-varlen": lambda: policies("pt-", "2026-12-02-runO-vmmpolicy-policies.json"),
+          "vmm-varlen-slack": lambda: policies("pt-", "2026-12-02-runP-vmmpolicy-policies.json"),
+          "vmm-varlen-before": lambda: policies("pt-", "2026-12-02-runJ-vmmpolicy-policies.json"),
+          "vmm-others": lambda: vmm_others("2026-12-02-runO-results-vmmpolicy.json"),
+          "vmm-others-before": lambda: vmm_others("2026-12-02-runJ-results-nvml-vmmpolicy.json"), "stacks": stacks,
           "min-capacity": min_capacity}
 
 # ---- rewriting and checking ------------------------------------------------------------------------
