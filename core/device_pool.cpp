@@ -582,6 +582,7 @@ std::uint64_t DevicePool::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wai
     if (abandoned_) return 0;
     safe_seq_ = std::max(safe_seq_, covers);
     if (unmap_fence_ == fence) unmap_fence_ = 0;
+    if (up_.capturing()) return 0;  // a capture began meanwhile: no fence and no unmap during it
   }
   const std::vector<Granules::Run> runs = granules_.begin_unmap(bytes, safe_seq_);
   if (runs.empty()) return 0;

@@ -371,6 +371,7 @@ void DriverUpstream::release_virtual_memory() {
     std::lock_guard lock(vmm_mutex_);
     handles.swap(granule_handles_);
     ranges.swap(vmm_ranges_);
+    vmm_released_ = true;
   }
   if (handles.empty() && ranges.empty()) return;
   const std::size_t g = granularity_.load(std::memory_order_acquire);
@@ -424,10 +425,23 @@ UpstreamStatus DriverUpstream::map(std::uint64_t va, std::size_t bytes, int* dri
     return rc == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
   }
   std::vector<CUdevice> late;  // peers granted access while this map was in flight
+  bool released = false;
   {
     std::lock_guard lock(vmm_mutex_);
-    for (const auto& [at, h] : made) granule_handles_[at] = h;
-    late.assign(peers_.begin() + static_cast<std::ptrdiff_t>(access.size() - 1), peers_.end());
+    released = vmm_released_;
+    if (!released) {
+      for (const auto& [at, h] : made) granule_handles_[at] = h;
+      late.assign(peers_.begin() + static_cast<std::ptrdiff_t>(access.size() - 1), peers_.end());
+    }
+  }
+  if (released) {
+    // The context went while this map was in flight, and its granules were given back without
+    // these: cuMemCreate memory outlives its context, so they go now or never.
+    for (const auto& [at, h] : made) {
+      CUPOOL_REAL(cuMemUnmap)(static_cast<CUdeviceptr>(at), g);
+      CUPOOL_REAL(cuMemRelease)(h);
+    }
+    return UpstreamStatus::error;
   }
   for (CUdevice peer : late) {
     CUmemAccessDesc d = access[0];

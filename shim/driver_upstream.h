@@ -118,6 +118,7 @@ class DriverUpstream final : public Upstream {
   std::unordered_map<std::uint64_t, CUmemGenericAllocationHandle> granule_handles_;
   std::unordered_map<std::uint64_t, std::size_t> vmm_ranges_;  // reserve_address's ranges, by address
   std::vector<CUdevice> peers_;  // devices granted access to this context's memory (grant_peer)
+  bool vmm_released_ = false;    // release_virtual_memory ran: a map finishing later gives its handles back
   std::atomic<std::size_t> granularity_{0};  // 0: not asked yet
   bool vmm_unsupported_ = false;             // the driver has no VMM (under vmm_mutex_)
 };

@@ -80,7 +80,8 @@ struct HookEvent {
     r.tid = current_thread_id();
     // After the timing: a stack costs microseconds, which are the trace's, not the call's. A
     // refused allocation always gets one: it is the one a user asks about.
-    if (r.kind == trace::EventKind::alloc || r.kind == trace::EventKind::vmm_create)
+    // The program's allocations (cuMemCreate is not one yet: no tool would show its stack).
+    if (r.kind == trace::EventKind::alloc)
       if (const std::uint32_t every = stack_sampling(); every != 0 && (rc != 0 || stack_sampled(every)))
         r.stack = record_stack();
     if (cp) r.device = static_cast<std::int16_t>(cp->device);

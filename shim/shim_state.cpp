@@ -258,7 +258,12 @@ ContextPool* current_pool(CUresult* rc) {
   if (ContextPool* cp = g_memory->find(key_of(ctx))) return cp;
   *rc = CUDA_ERROR_OUT_OF_MEMORY;  // unless describe_context says otherwise
   ContextPool* cp = g_memory->find_or_add(key_of(ctx), [&](ContextPool& fresh) { return describe_context(ctx, fresh, rc); });
-  if (cp) *rc = CUDA_SUCCESS;
+  if (cp) {
+    *rc = CUDA_SUCCESS;
+    // A grant made while the pool was being published found no pool, and describe_context may
+    // have read the peers before it: read them again now that the pool is visible (idempotent).
+    for (CUdevice peer : peers_of(ctx)) driver_upstream(*cp).grant_peer(peer);
+  }
   return cp;
 }
 

@@ -359,7 +359,11 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line, const
   }
 
   // Out-of-memory: the pool's oom event, then the program's failed alloc on the same thread.
-  // A failed alloc with no oom event before it is the driver's refusal (passthrough).
+  // A failed alloc with no oom event before it is the driver's refusal (passthrough). Other
+  // threads' events may come between the two: the thread's own oom is found by its index.
+  std::size_t own_oom = 0;  // 1-based index in s.ooms of this failed alloc's oom, 0: none
+  if (e.kind == EventKind::alloc && e.rc != 0)
+    if (auto it = s.pending_oom_.find(e.tid); it != s.pending_oom_.end()) own_oom = it->second;
   if (e.kind == EventKind::oom ||
       (e.kind == EventKind::alloc && e.rc == 2 && s.pending_oom_.erase(e.tid) == 0)) {
     ++s.oom_count;
@@ -388,11 +392,16 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line, const
     case EventKind::alloc:
       if (e.rc == 0) ++d.allocs;
       else ++d.failed_allocs;
-      // The program's call names the API: fill in the oom event's API from its failed alloc.
-      if (e.rc != 0 && !s.ooms.empty() && s.ooms.back().tid == e.tid &&
-          (s.ooms.back().api.empty() || s.ooms.back().event_index == s.events)) {
-        s.ooms.back().api = e.api;
-        if (stack) s.ooms.back().stack = *stack;
+      // The program's call names the API: fill in the oom event's API (and stack) from its
+      // failed alloc; a refusal of the driver's own is the entry this alloc made.
+      if (e.rc != 0) {
+        OomInfo* o = own_oom != 0 && own_oom <= s.ooms.size() ? &s.ooms[own_oom - 1]
+                     : !s.ooms.empty() && s.ooms.back().event_index == s.events ? &s.ooms.back()
+                                                                                 : nullptr;
+        if (o != nullptr && o->tid == e.tid) {
+          if (o->api.empty()) o->api = e.api;
+          if (stack) o->stack = *stack;
+        }
       }
       break;
     case EventKind::free: ++d.frees; break;

@@ -43,6 +43,8 @@ const char* const kRunHelp =
     "                        environment, else $TMPDIR/cupool-UID/runN-%p.jsonl (a private directory;\n"
     "                        TMPDIR defaults to /tmp; N is cupool's pid); the traces are kept, for\n"
     "                        cupool report; the summary covers every traced process of the run\n"
+    "  --stacks off|on|all|N CUPOOL_TRACE_STACKS: the native stack of one allocation in N (on: 64),\n"
+    "                        shown by cupool report beside the largest allocations\n"
     "  --takeover            turn the frameworks' own caches off so every tensor goes through cupool:\n"
     "                        PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform,\n"
     "                        XLA_PYTHON_CLIENT_PREALLOCATE=false, TF_GPU_ALLOCATOR=cuda_malloc\n"
@@ -267,7 +269,7 @@ void print_summary(const std::vector<std::string>& traces, const std::string& ch
 int cmd_run(const std::vector<std::string>& raw) {
   const char* const cmd = "run";
   try {
-    Args args(raw, {"--policy", "--limit", "--preallocate", "--free", "--trace"}, {"--takeover", "--help", "--no-summary"},
+    Args args(raw, {"--policy", "--limit", "--preallocate", "--free", "--trace", "--stacks"}, {"--takeover", "--help", "--no-summary"},
               /*stop_at_first_positional=*/true);
     if (args.flag("--help")) {
       std::fputs(kRunHelp, stdout);
@@ -281,6 +283,7 @@ int cmd_run(const std::vector<std::string>& raw) {
     if (auto v = args.value("--limit")) set["CUPOOL_LIMIT"] = *v;
     if (auto v = args.value("--preallocate")) set["CUPOOL_PREALLOCATE"] = *v;
     if (auto v = args.value("--free")) set["CUPOOL_FREE"] = *v;
+    if (auto v = args.value("--stacks")) set["CUPOOL_TRACE_STACKS"] = *v;
     std::string trace_pattern;
     const char* env_trace = std::getenv("CUPOOL_TRACE");
     const bool default_trace = !args.value("--trace") && !(env_trace && *env_trace);

@@ -234,14 +234,22 @@ void MemoryVizWriter::visit(std::size_t source, const Event& e, TraceInput& inpu
         if (early != src.early_frees.end()) src.early_frees.erase(early);
         allocate(l, e, t);
         if (freed_already) free_block(l, e.ptr, false, t);
-      } else if (e.rc != 0 && e.device >= 0) {
-        Lane& l = lane(source, e.device);
-        if (src.pending_oom.erase(e.tid) == 0) {
-          if (e.rc != 2) break;
+      } else if (e.rc != 0) {
+        // The refused call's stack goes with its own `oom` entry (other threads' entries may
+        // have come between the two).
+        const auto pending = src.pending_oom.find(e.tid);
+        if (pending == src.pending_oom.end()) {
+          if (e.rc != 2 || e.device < 0) break;
+          Lane& l = lane(source, e.device);
           oom(l, e, input);  // the driver's refusal: no pool event before it
+          l.entries.back().stack = e.stack;
+          break;
         }
-        // The refused call's stack goes with its `oom` entry.
-        if (!l.entries.empty() && l.entries.back().action == Action::oom) l.entries.back().stack = e.stack;
+        const std::uint64_t at = pending->second;
+        src.pending_oom.erase(pending);
+        if (at == kNoEntry || e.device < 0) break;
+        Lane& l = lane(source, e.device);
+        if (at >= l.dropped && at - l.dropped < l.entries.size()) l.entries[at - l.dropped].stack = e.stack;
       }
       break;
     case EventKind::free:
@@ -310,10 +318,16 @@ void MemoryVizWriter::visit(std::size_t source, const Event& e, TraceInput& inpu
         }
       }
       break;
-    case EventKind::oom:
-      if (e.device >= 0) oom(lane(source, e.device), e, input);
-      src.pending_oom.insert(e.tid);
+    case EventKind::oom: {
+      std::uint64_t at = kNoEntry;
+      if (e.device >= 0) {
+        Lane& l = lane(source, e.device);
+        oom(l, e, input);
+        at = l.dropped + l.entries.size() - 1;
+      }
+      src.pending_oom[e.tid] = at;
       break;
+    }
     case EventKind::context_reset:
       if (e.device >= 0) {
         Lane& l = lane(source, e.device);

@@ -38,6 +38,7 @@ class MemoryVizWriter final : public EventVisitor {
   void finish();  // writes the whole pickle
 
  private:
+  static constexpr std::uint64_t kNoEntry = ~std::uint64_t{0};
   enum class Action : std::uint8_t {
     alloc, free_requested, free_completed, segment_alloc, segment_free, segment_map, segment_unmap, oom
   };
@@ -76,7 +77,9 @@ class MemoryVizWriter final : public EventVisitor {
     std::int64_t pid = 0;
     // Frees read before their allocation (threads' lines interleaved): address -> free's t.
     std::unordered_map<std::uint64_t, std::uint64_t> early_frees;
-    std::unordered_set<std::uint32_t> pending_oom;  // threads whose pool `oom` awaits its failed call
+    // Threads whose pool `oom` awaits its failed call: the oom entry's position in its lane
+    // (counting entries dropped by max_entries), or kNoEntry.
+    std::unordered_map<std::uint32_t, std::uint64_t> pending_oom;
     std::unordered_map<std::uint32_t, Stack> stacks;  // those the entries and blocks name, by id
   };
 

@@ -60,33 +60,41 @@ std::size_t StackTable::size() const {
   return stacks_.size();
 }
 
-std::string stack_line(std::uint32_t id, const std::vector<std::uintptr_t>& pcs) {
+const std::string& FrameCache::json(std::uintptr_t pc) {
+  if (auto it = by_pc_.find(pc); it != by_pc_.end()) return it->second;
+  if (by_pc_.size() >= kMaxEntries) by_pc_.clear();
+  namespace sk = trace::stack_key;
+  // A return address is the instruction after the call: pc - 1 lies in the calling function.
+  const std::uintptr_t at = pc - 1;
+  std::string o = fmt::format(R"({{"{}":"0x{:x}")", sk::pc, pc);
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(at), &info) != 0 && info.dli_fname != nullptr) {
+    o += fmt::format(R"(,"{}":)", sk::module);
+    append_json_string(o, info.dli_fname);
+    o += fmt::format(R"(,"{}":"0x{:x}")", sk::offset, at - reinterpret_cast<std::uintptr_t>(info.dli_fbase));
+    if (info.dli_sname != nullptr && info.dli_saddr != nullptr) {
+      int status = -1;
+      char* demangled = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
+      std::string name = status == 0 && demangled != nullptr ? demangled : info.dli_sname;
+      std::free(demangled);
+      if (name.size() > kMaxSymbolChars) name = name.substr(0, kMaxSymbolChars - 3) + "...";
+      o += fmt::format(R"(,"{}":)", sk::symbol);
+      append_json_string(o, name);
+      o += fmt::format(R"(,"{}":"0x{:x}")", sk::symbol_offset, at - reinterpret_cast<std::uintptr_t>(info.dli_saddr));
+    }
+  } else {
+    o += fmt::format(R"(,"{}":"")", sk::module);  // no module: code generated at run time
+  }
+  o += '}';
+  return by_pc_.emplace(pc, std::move(o)).first->second;
+}
+
+std::string stack_line(std::uint32_t id, const std::vector<std::uintptr_t>& pcs, FrameCache& frames) {
   namespace sk = trace::stack_key;
   std::string o = fmt::format(R"({{"type":"{}","{}":{},"{}":[)", trace::line::stack, sk::id, id, sk::frames);
   for (std::size_t i = 0; i < pcs.size(); ++i) {
-    // A return address is the instruction after the call: pc - 1 lies in the calling function.
-    const std::uintptr_t at = pcs[i] - 1;
     if (i) o += ',';
-    o += fmt::format(R"({{"{}":"0x{:x}")", sk::pc, pcs[i]);
-    Dl_info info{};
-    if (dladdr(reinterpret_cast<void*>(at), &info) != 0 && info.dli_fname != nullptr) {
-      o += fmt::format(R"(,"{}":)", sk::module);
-      append_json_string(o, info.dli_fname);
-      o += fmt::format(R"(,"{}":"0x{:x}")", sk::offset, at - reinterpret_cast<std::uintptr_t>(info.dli_fbase));
-      if (info.dli_sname != nullptr && info.dli_saddr != nullptr) {
-        int status = -1;
-        char* demangled = abi::__cxa_demangle(info.dli_sname, nullptr, nullptr, &status);
-        std::string name = status == 0 && demangled != nullptr ? demangled : info.dli_sname;
-        std::free(demangled);
-        if (name.size() > kMaxSymbolChars) name = name.substr(0, kMaxSymbolChars - 3) + "...";
-        o += fmt::format(R"(,"{}":)", sk::symbol);
-        append_json_string(o, name);
-        o += fmt::format(R"(,"{}":"0x{:x}")", sk::symbol_offset, at - reinterpret_cast<std::uintptr_t>(info.dli_saddr));
-      }
-    } else {
-      o += fmt::format(R"(,"{}":"")", sk::module);  // no module: code generated at run time
-    }
-    o += '}';
+    o += frames.json(pcs[i]);
   }
   o += "]}\n";
   return o;

@@ -34,9 +34,20 @@ class StackTable {
   std::unordered_multimap<std::uint64_t, std::uint32_t> by_hash_;
 };
 
+// A frame's JSON by return address. glibc's dladdr scans a module's symbols one by one (a
+// framework's library exports hundreds of thousands), and stacks share most of their frames.
+class FrameCache {
+ public:
+  const std::string& json(std::uintptr_t pc);
+
+ private:
+  static constexpr std::size_t kMaxEntries = 1u << 17;  // then it starts over
+  std::unordered_map<std::uintptr_t, std::string> by_pc_;
+};
+
 // The `stack` line of trace format 3.3 (trace_schema.h, stack_key), newline included: each return
 // address resolved with dladdr to its module and, where the module exports one, the symbol
 // (demangled) that holds the call instruction.
-std::string stack_line(std::uint32_t id, const std::vector<std::uintptr_t>& pcs);
+std::string stack_line(std::uint32_t id, const std::vector<std::uintptr_t>& pcs, FrameCache& frames);
 
 }  // namespace cupool

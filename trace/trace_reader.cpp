@@ -870,20 +870,26 @@ std::string frame_name(const StackFrame& f) {
   return fmt::format("0x{:x}", f.pc);
 }
 
+constexpr std::uint64_t kMaxStackId = 1u << 16;  // trace/stack_table.h: StackTable::kMaxStacks
+
 void TraceReader::add_stack(const nlohmann::json& j) {
   namespace sk = trace::stack_key;
   const JsonFields f{j, "stack line"};
   const std::uint64_t id = f.u64(sk::id);
-  if (id == 0 || id > (1u << 24)) throw std::invalid_argument(fmt::format("stack line field \"id\": {} is out of range (1 to 16777216)", id));
+  // The writer numbers at most StackTable::kMaxStacks stacks; a larger id is no trace of ours.
+  if (id == 0 || id > kMaxStackId)
+    throw std::invalid_argument(fmt::format("stack line field \"id\": {} is out of range (1 to {})", id, kMaxStackId));
   const auto& frames = f.need(sk::frames);
   if (!frames.is_array()) throw std::invalid_argument("stack line field \"frames\": expected an array");
   auto hex = [](const JsonFields& ff, const char* key) {
     const std::string text = ff.str(key);
     std::uint64_t v = 0;
-    const char* b = text.data() + 2;
-    const char* e = text.data() + text.size();
-    if (text.size() < 3 || text[0] != '0' || text[1] != 'x' || std::from_chars(b, e, v, 16).ptr != e)
+    if (text.size() < 3 || text[0] != '0' || text[1] != 'x')
       throw std::invalid_argument(fmt::format("{} field \"{}\": expected \"0x...\"", ff.what, key));
+    const char* e = text.data() + text.size();
+    const auto r = std::from_chars(text.data() + 2, e, v, 16);
+    if (r.ec != std::errc() || r.ptr != e)
+      throw std::invalid_argument(fmt::format("{} field \"{}\": expected \"0x...\" (64 bits)", ff.what, key));
     return v;
   };
   Stack stack;
@@ -1041,7 +1047,7 @@ bool TraceReader::parse_event(std::string_view line, Event& out) {
         break;
       case Key::stack:
         u64(key, u);
-        if (u == 0 || u > UINT32_MAX) bad(key, "a stack id (1 to 2^32 - 1)");
+        if (u == 0 || u > kMaxStackId) bad(key, "a stack id (1 to 65536)");
         out.stack = static_cast<std::uint32_t>(u);
         break;
       case Key::flags:

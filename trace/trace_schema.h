@@ -144,7 +144,7 @@ struct EventValues {
   // How many calls dur_ns stands for: 1; kCacheTimingSample for the one timed call of a sample;
   // 0 when the call was not timed (then `t` is its start, and dur_ns is not written).
   std::uint32_t timed_for = 1;
-  std::uint32_t stack = 0;     // alloc/vmm_create sampled by CUPOOL_TRACE_STACKS: its stack line's id (0: none)
+  std::uint32_t stack = 0;     // alloc sampled by CUPOOL_TRACE_STACKS: its stack line's id (0: none)
   std::int16_t device = -1;    // device ordinal, -1 when unknown
   EventKind kind = EventKind::alloc;
   Path path = Path::none;

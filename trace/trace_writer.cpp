@@ -549,7 +549,7 @@ void TraceWriter::write_stack_locked(std::uint32_t id) {
   if (frames.empty()) return;
   if (id >= stack_written_.size()) stack_written_.resize(std::max<std::size_t>(id + 1, stack_written_.size() * 2), false);
   stack_written_[id] = true;
-  const std::string line = stack_line(id, frames);
+  const std::string line = stack_line(id, frames, frames_);
   if (buf_used_ + line.size() > kBufferSize) write_buffer_locked();
   if (line.size() > kBufferSize) {
     write_all_locked(line.data(), line.size());

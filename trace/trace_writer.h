@@ -139,6 +139,7 @@ class TraceWriter final : public PoolObserver {
   };
   std::vector<Device> devices_;
   std::vector<bool> stack_written_;    // by stack id: its line is in this file
+  FrameCache frames_;                  // frames symbolized so far
   trace::PoolStateDerivation derived_;  // pools' in_use and cached as of the last event written
   std::uint64_t events_ = 0, dropped_ = 0, allocs_ = 0, frees_ = 0, ooms_ = 0;
 };

@@ -251,6 +251,8 @@ def main():
             fail(f"{name}: program made {report['allocs']} allocations, trace has {totals[0]}")
         if "frees" in report and report["frees"] != totals[1]:
             fail(f"{name}: program made {report['frees']} frees, trace has {totals[1]}")
+        if report.get("skipped"):  # the simulated CUDA has what every program needs: nothing may skip
+            fail(f"{name} skipped its check: {report}")
         if "mappings" in report:  # prog_peer: every block reachable from the peer device
             want = 3 if a.policy == "vmm" else 0  # under the vmm policy, blocks are cuMemCreate mappings
             if report["mappings"] != want or report["reachable"] != 3:

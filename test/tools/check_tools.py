@@ -680,6 +680,11 @@ def cmd_run(opts):
         p = cupool("run", "--no-summary", "--limit", "1GiB", "--free", "deferred", "--preallocate", "50%", "--",
                    "sh", "-c", 'echo "$CUPOOL_LIMIT $CUPOOL_FREE $CUPOOL_PREALLOCATE"', env=env, check_rc=0)
         check(p.stdout.strip() == "1GiB deferred 50%", f"CUPOOL_* variables: {p.stdout.strip()!r}")
+        p = cupool("run", "--no-summary", "--stacks", "on", "--", "sh", "-c", 'echo "$CUPOOL_TRACE_STACKS"', env=env,
+                   check_rc=0)
+        check(p.stdout.strip() == "on", f"--stacks: CUPOOL_TRACE_STACKS is {p.stdout.strip()!r}")
+        p = cupool("run", "--stacks", "often", "--", "true", env=env, check_rc=2)
+        check("CUPOOL_TRACE_STACKS" in p.stderr and "one allocation in N" in p.stderr, "bad --stacks message: " + p.stderr)
 
         # --takeover: says what it set, and sets it.
         p = cupool("run", "--takeover", "--no-summary", "--", "sh", "-c",

@@ -579,7 +579,7 @@ TEST_CASE("threads that exit, and threads that move to a new writer", "[trace]")
 
 // [fork]: ThreadSanitizer cannot follow threads started in the child of a multi-threaded fork
 // ("dup thread with used id"); run it with "[trace]~[fork]".
-TEST_CASE("stacks: one line per stack and file, before the first event naming it, read back", "[trace][stacks]") {
+TEST_CASE("stacks: one line per stack and file, before the first event naming it, read back", "[trace][stacks][fork]") {
   TempDir dir;
   const std::string path = dir.path + "/s.jsonl";
   auto w = open_writer(trace_config(path));
@@ -968,11 +968,15 @@ TEST_CASE("reader: errors name the source, the line and the problem", "[trace]")
   CHECK(error_of(header_line() + R"({"type":"stack","id":1,"frames":[{"pc":"12"}]})" "\n") ==
         "mem:2: stack frame field \"pc\": expected \"0x...\"");
   CHECK(error_of(header_line() + R"({"type":"stack","id":0,"frames":[{"pc":"0x12"}]})" "\n") ==
-        "mem:2: stack line field \"id\": 0 is out of range (1 to 16777216)");
+        "mem:2: stack line field \"id\": 0 is out of range (1 to 65536)");
   CHECK(error_of(header_line() + R"({"type":"stack","id":1,"frames":[]})" "\n") == "mem:2: stack line: no frames");
+  CHECK(error_of(header_line() + R"({"type":"stack","id":1,"frames":[{"pc":"0x1ffffffffffffffff"}]})" "\n") ==
+        "mem:2: stack frame field \"pc\": expected \"0x...\" (64 bits)");
+  CHECK(error_of(header_line() + R"({"type":"stack","id":65537,"frames":[{"pc":"0x12"}]})" "\n") ==
+        "mem:2: stack line field \"id\": 65537 is out of range (1 to 65536)");
   CHECK(error_of(header_line() + R"({"type":"stack","id":1})" "\n") == "mem:2: stack line has no \"frames\"");
   CHECK(error_of(header_line() + with_field(kEvent, R"("stack":0)")) ==
-        "mem:2: event field \"stack\": expected a stack id (1 to 2^32 - 1)");
+        "mem:2: event field \"stack\": expected a stack id (1 to 65536)");
 
   // Broken JSON, with its line number.
   CHECK(error_of(header_line() + kEvent + "{\"type\":\"event\",\"t\":1,,}\n").rfind("mem:3: ", 0) == 0);
