@@ -22,7 +22,7 @@ const char* const kMainHelp =
     "  run      run a program with libcupool.so preloaded, then print a summary\n"
     "  report   peaks, fragmentation, latency, counts and out-of-memory events of traces (text, --json, --html)\n"
     "  replay   drive a trace's allocations through policies on a simulated device\n"
-    "  export   convert a trace for ui.perfetto.dev / chrome://tracing (--perfetto)\n"
+    "  export   convert a trace: Perfetto (--perfetto), PyTorch's memory_viz (--memory-viz), RMM's log (--rmm-csv)\n"
     "  top      the shared budgets on this node: who holds what, live (CUPOOL_SHARE)\n"
     "  metrics  the same figures for Prometheus: stdout, a textfile, or HTTP (--listen)\n"
     "\n"
