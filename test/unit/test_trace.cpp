@@ -583,7 +583,7 @@ TEST_CASE("stacks: one line per stack and file, before the first event naming it
   TempDir dir;
   const std::string path = dir.path + "/s.jsonl";
   auto w = open_writer(trace_config(path));
-  // Return addresses: one in libc (an exported function: a symbol), one in no module at all.
+  // Return addresses: one in a library (an exported function: a symbol), one in no module at all.
   const std::uintptr_t in_libc = reinterpret_cast<std::uintptr_t>(&::write) + 1;
   const std::uintptr_t a[] = {in_libc, 0x10};
   const std::uint32_t id = w->intern_stack(a, 2);
@@ -645,7 +645,8 @@ TEST_CASE("stacks: one line per stack and file, before the first event naming it
   REQUIRE(s != nullptr);
   REQUIRE(s->size() == 2);
   CHECK((*s)[0].pc == in_libc);
-  CHECK((*s)[0].module.find("libc.so") != std::string::npos);
+  // A library's file (libc's, or the sanitizer runtime's that intercepts write under ASan).
+  CHECK((*s)[0].module.find(".so") != std::string::npos);
   CHECK_FALSE((*s)[0].symbol.empty());
   CHECK((*s)[0].symbol_offset == 0);  // pc - 1 is the function's first byte
   CHECK(frame_name((*s)[0]) == (*s)[0].symbol + "+0x0");
