@@ -226,9 +226,7 @@ bool describe_context(CUcontext ctx, ContextPool& cp, CUresult* rc) {
   CUcontext primary = nullptr;
   if (d.primary_ctx_retain(&primary, device) == CUDA_SUCCESS) d.primary_ctx_release(device);
   cp.primary = key_of(primary);
-  auto* upstream = new DriverUpstream(ctx, device);  // leaked with the record: hooks may run during exit
-  for (CUdevice peer : peers_of(ctx)) upstream->grant_peer(peer);  // nothing mapped yet: no driver call
-  cp.upstream = upstream;
+  cp.upstream = new DriverUpstream(ctx, device);  // leaked with the record: hooks may run during exit
   if (!g_memory->device_known(device)) {
     char name[256] = {};
     std::size_t total = 0;
@@ -260,8 +258,8 @@ ContextPool* current_pool(CUresult* rc) {
   ContextPool* cp = g_memory->find_or_add(key_of(ctx), [&](ContextPool& fresh) { return describe_context(ctx, fresh, rc); });
   if (cp) {
     *rc = CUDA_SUCCESS;
-    // A grant made while the pool was being published found no pool, and describe_context may
-    // have read the peers before it: read them again now that the pool is visible (idempotent).
+    // Peers granted before the pool existed, or while it was being published (such a grant found
+    // no pool): given now that the pool is visible. Idempotent.
     for (CUdevice peer : peers_of(ctx)) driver_upstream(*cp).grant_peer(peer);
   }
   return cp;
