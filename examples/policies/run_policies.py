@@ -17,7 +17,7 @@ import time
 BUILD, OUT = (os.path.abspath(p) for p in sys.argv[1:3])
 HERE = os.path.dirname(os.path.abspath(__file__))
 CUPOOL = os.path.join(BUILD, "tools", "cupool")
-TRACES = os.environ.get("CUPOOL_POLICY_TRACES", "/tmp/cupool-policy-traces")
+TRACES = os.environ.get("RUN_POLICIES_TRACES", "/tmp/cupool-policy-traces")
 PY = sys.executable
 PT = [PY, os.path.join(HERE, "train_varlen.py")]
 JX = [PY, os.path.join(HERE, "jax_varlen.py")]
@@ -98,8 +98,8 @@ def finish(name, procs, started, traces):
                   f"frag {d['fragmentation']}, ooms {d['ooms']}", flush=True)
 
 
-# CUPOOL_POLICY_ONLY=name,name...: run only these experiments (a GPU group that needs a few of them).
-ONLY = set(filter(None, os.environ.get("CUPOOL_POLICY_ONLY", "").split(",")))
+# RUN_POLICIES_ONLY=name,name...: run only these experiments (a GPU group that needs a few of them).
+ONLY = set(filter(None, os.environ.get("RUN_POLICIES_ONLY", "").split(",")))
 
 
 def wanted(name):
@@ -125,7 +125,7 @@ def run_pair(name, cmds_traces, env=None):
 
 
 quiet = {"CUPOOL_LOG_LEVEL": "warn"}
-REPEAT = int(os.environ.get("CUPOOL_POLICY_REPEAT", "3"))
+REPEAT = int(os.environ.get("RUN_POLICIES_REPEAT", "3"))
 # PyTorch: its caching allocator alone; cupool under it; cupool instead of it. Growth's peak
 # reserved depends on the order in which blocks are freed, so its runs repeat, and every
 # repetition is reported (not the best of them).
@@ -176,4 +176,4 @@ with open(os.path.join(OUT, "policies.json"), "w") as f:
     json.dump({"header": header, "runs": results}, f, indent=1)
 missing = sorted(ONLY - {r["name"] for r in results})
 if missing:
-    sys.exit(f"run_policies.py: CUPOOL_POLICY_ONLY names experiments that do not exist: {', '.join(missing)}")
+    sys.exit(f"run_policies.py: RUN_POLICIES_ONLY names experiments that do not exist: {', '.join(missing)}")

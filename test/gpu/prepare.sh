@@ -29,6 +29,7 @@ nvcc -O2 $arch -o "$carry/bin/workload_static" -x cu examples/workload.cpp
 nvcc -O2 $arch -cudart shared -o "$carry/bin/inflight" test/gpu/inflight.cu
 nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_alloc" test/gpu/bench_alloc.cu
 nvcc -O2 $arch -cudart shared -o "$carry/bin/peer_check" test/gpu/peer_check.cu -lcuda
+nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_vmm_calls" test/gpu/bench_vmm_calls.cu -lcuda
 nvcc -O2 $arch -cudart shared -o "$carry/bin/prog_share" -x cu test/integration/programs/prog_share.cpp
 cp "$build/test/bench_share_startup" "$carry/bin/"
 cp ../shared/workloads/*.py "$carry/workloads/"

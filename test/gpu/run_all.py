@@ -14,6 +14,7 @@ sharing (trainings sharing one budget against fixed shares and caps, and a membe
 nvml (NVML's memory info inside the process), memviz (traces exported for memory_viz and RMM, and
 replay --min-capacity), vmmpolicy (the vmm policy against growth and the frameworks' allocators),
 stacks (CUPOOL_TRACE_STACKS: what native stacks cost, and that they name the frameworks' code),
+vmmcalls (what the driver's virtual-memory calls cost, per call and per size),
 peer (two GPUs, kind nvidia-h200-x2: a kernel on one reaches the other's blocks after peer access
 is enabled, without cupool, under growth and under vmm).
 """
@@ -242,7 +243,7 @@ TRACES = os.path.join(os.environ.get("CUPOOL_GPU_TRACES", "/tmp/cupool-gpu-trace
 shutil.rmtree(TRACES, ignore_errors=True)
 os.makedirs(TRACES, exist_ok=True)
 os.environ.setdefault("CUPOOL_SHARING_TRACES", os.path.join(TRACES, "sharing"))
-os.environ.setdefault("CUPOOL_POLICY_TRACES", os.path.join(TRACES, "policies"))
+os.environ.setdefault("RUN_POLICIES_TRACES", os.path.join(TRACES, "policies"))
 TRANSFORMER = os.path.join(WORKLOADS, "transformer_step.py")
 JAX_MLP = os.path.join(WORKLOADS, "jax_mlp_step.py")
 TORCH_MODES = {
@@ -623,8 +624,8 @@ if wanted("vmmpolicy"):
              "pt-takeover-vmm-1", "pt-takeover-vmm-sync"]
     vm_out = os.path.join(OUT, "vmmpolicy")
     p = subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, vm_out],
-                       env=dict(os.environ, CUPOOL_POLICY_ONLY=",".join(names), CUPOOL_POLICY_REPEAT="1",
-                                CUPOOL_POLICY_TRACES=os.path.join(TRACES, "vmmpolicy")), timeout=900)
+                       env=dict(os.environ, RUN_POLICIES_ONLY=",".join(names), RUN_POLICIES_REPEAT="1",
+                                RUN_POLICIES_TRACES=os.path.join(TRACES, "vmmpolicy")), timeout=900)
     got = {}
     if os.path.exists(os.path.join(vm_out, "policies.json")):
         got = {r["name"]: r for r in json.load(open(os.path.join(vm_out, "policies.json")))["runs"]}
@@ -737,6 +738,19 @@ if wanted("stacks"):
     steps = {f"{fw}-{mode}": parse_float(r"step=([\d.]+) ms", rr["stdout"]) for fw, runs_of in (("transformer", tr), ("jax", jx))
              for mode, rr in runs_of.items()}
     print(f"   stacks step ms: {steps}", flush=True)
+
+# ---- Issue 15: what the driver's virtual-memory calls cost (test/gpu/bench_vmm_calls.cu) -------------
+# Per call and per size, and a run of 2 MiB granules made, moved and given back as the vmm policy
+# does, with the device idle and with a kernel queued (a call that waits for the device shows it).
+if wanted("vmmcalls"):
+    r = run("vmmcalls", [os.path.join(BIN, "bench_vmm_calls")], timeout=300)
+    rows = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
+    r["rows"] = [x for x in rows if "what" in x]
+    for x in r["rows"]:
+        print(f'   {x["what"]:>14} {x["bytes"] >> 20:>5} MiB {x["granules"]:>4} granules: {x["median_ns"] / 1e3:9.1f} us',
+              flush=True)
+    check("vmmcalls: ran to the end and measured every call", r["rc"] == 0 and any(x.get("done") for x in rows)
+          and len(r["rows"]) >= 5 * 6 + 3 * 4, f'rc {r["rc"]}, {len(r["rows"])} rows {r["stderr"][-300:]}')
 
 # ---- Issue 15: peer access to the vmm policy's blocks (two GPUs) -----------------------------------
 # test/gpu/peer_check.cu: device 1 enables peer access to device 0 and a kernel on it adds to
