@@ -21,8 +21,8 @@ TRACES = os.environ.get("RUN_POLICIES_TRACES", "/tmp/cupool-policy-traces")
 PY = sys.executable
 PT = [PY, os.path.join(HERE, "train_varlen.py")]
 JX = [PY, os.path.join(HERE, "jax_varlen.py")]
-if os.environ.get("CUPOOL_POLICY_DRYRUN"):  # exercise this script off-GPU with another program
-    PT = JX = os.environ["CUPOOL_POLICY_DRYRUN"].split()
+if os.environ.get("RUN_POLICIES_DRYRUN"):  # exercise this script off-GPU with another program
+    PT = JX = os.environ["RUN_POLICIES_DRYRUN"].split()
 os.makedirs(TRACES, exist_ok=True)
 os.makedirs(OUT, exist_ok=True)
 results = []
