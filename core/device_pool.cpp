@@ -392,16 +392,15 @@ DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, 
 
 std::uint64_t DevicePool::take(std::uint64_t bytes) {
   if (!vmm_) return sub_.allocate(bytes);
-  // A free block with memory behind it first: placed over unmapped granules, the block would need
-  // a map and (past the most ever mapped) idle granules unmapped, which waits for the device.
-  const std::uint64_t p = sub_.allocate_preferring(bytes, [&](std::uint64_t a, std::uint64_t n) { return granules_.ready(a, n); },
-                                                   kMappedProbe);
+  // Best fit keeps the range's free space in few large blocks: TLSF's good fit cut larger free
+  // blocks, stranding mapped granules between live blocks, and the pool mapped more elsewhere.
+  const std::uint64_t p = sub_.allocate_best_fit(bytes, kBestFitProbe);
   if (p == 0) return 0;
   if (granules_.ready(p, bytes)) {
     granules_.touch(p, bytes);
     return p;
   }
-  sub_.free(p);  // it needs memory mapped: the miss path's map_block
+  sub_.free(p);  // it needs memory mapped: the miss path's map_block places it
   return 0;
 }
 
@@ -459,9 +458,10 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
   if (!vmm_setup(lk, &fail)) return fail;
   for (;;) {
     if (abandoned_) return {0, OomClass::device, 0};
-    // take() found no free block wholly mapped: one partly mapped needs fewer maps.
-    const std::uint64_t p = sub_.allocate_preferring(
-        bytes, [&](std::uint64_t a, std::uint64_t n) { return granules_.missing_bytes(a, n) < n; }, kMappedProbe);
+    // take()'s best fit has no memory behind it: the place, in any free block, that needs the
+    // fewest granules mapped (often none: a mapped stretch inside a larger free block).
+    const std::uint64_t p = sub_.allocate_best(bytes, [&](std::uint64_t a, std::uint64_t size, std::uint64_t n,
+                                                          std::uint64_t* offset) { return granules_.best_window(a, size, n, offset); });
     if (p == 0) return {0, OomClass::fragmentation, 0};  // no contiguous addresses left in the range
     if (granules_.busy(p, bytes)) {  // another thread maps or unmaps some of them: wait for it
       sub_.free(p);
@@ -469,16 +469,19 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
       continue;
     }
     granules_.touch(p, bytes);
-    // Memory is never mapped past the most ever mapped while idle granules could make room: they
-    // go first, so that the peak of reserved follows the peak in use. Below that mark, idle
-    // granules stay: a loop whose use swings every step would otherwise unmap and map them again
-    // every step (docs/design.md, "The vmm policy"). Idle granules that the device may still
-    // read (deferred frees) are waited for here: without the wait the pool mapped more, and the
-    // mark crept up step after step. Passing the mark is rare once a workload has seen its
-    // peak, so the wait is too.
+    if (granules_.ready(p, bytes)) return {p, OomClass::none, 0};
+    // Memory is mapped past the mark (the most ever in blocks, and kMapSlack more) only once no
+    // idle granule can make room: idle granules go first, so that the peak of reserved follows
+    // the peak in use. Below the mark, idle granules stay: a loop whose use swings every step
+    // would otherwise unmap and map them again every step (docs/design.md, "The vmm policy").
+    // Idle granules that the device may still read (deferred frees) are waited for here: without
+    // the wait the pool mapped more, and the mark crept up step after step. Passing the mark is
+    // rare once a workload has seen its peak, so the wait is too.
+    blocks_high_ = std::max(blocks_high_, sub_.in_use() + sub_.held());
+    const std::uint64_t mark = round_up(blocks_high_ + blocks_high_ / kMapSlack, granules_.granule());
     const std::uint64_t after = granules_.mapped_bytes() + transit_ + granules_.missing_bytes(p, bytes);
-    if (after > mapped_high_ && granules_.idle_bytes() > 0) {
-      const std::uint64_t want = after - mapped_high_;
+    if (after > mark && granules_.idle_bytes() > 0) {
+      const std::uint64_t want = after - mark;
       const std::uint64_t got = unmap_idle(lk, want, false);
       if (!abandoned_ && got < want && granules_.idle_bytes() > 0) unmap_idle(lk, want - got, true);
       if (abandoned_) return {0, OomClass::device, 0};
@@ -521,7 +524,6 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
       return {0, OomClass::device, 0};
     }
     for (std::size_t i = 0; i < runs.size(); ++i) granules_.end_map(runs[i], i < done.size());
-    mapped_high_ = std::max(mapped_high_, granules_.mapped_bytes() + transit_);
     for (std::size_t i = 0; i < done.size(); ++i) emit(PoolEvent::Kind::grow, runs[i].bytes, runs[i].va, done[i].t0, done[i].dur);
     if (st != UpstreamStatus::ok) {
       undo();  // what was mapped stays, idle

@@ -15,6 +15,7 @@ void Granules::reset(std::uint64_t base, std::uint64_t size, std::uint64_t granu
   idle_bits_.assign((n + 63) / 64, 0);
   mapped_ = idle_ = 0;
   max_idle_seq_ = 0;
+  top_ = 0;
 }
 
 void Granules::first_last(std::uint64_t addr, std::uint64_t bytes, std::size_t* first, std::size_t* last) const {
@@ -50,6 +51,46 @@ std::uint64_t Granules::missing_bytes(std::uint64_t addr, std::uint64_t bytes) c
   std::uint64_t n = 0;
   for (std::size_t i = first; i <= last; ++i) n += state_[i] == State::unmapped;
   return n * granule_;
+}
+
+std::uint64_t Granules::best_window(std::uint64_t addr, std::uint64_t size, std::uint64_t bytes,
+                                    std::uint64_t* offset) const {
+  const std::uint64_t g = granule_;
+  auto absent = [&](std::size_t i) -> std::uint64_t { return state_[i] != State::mapped; };
+  auto missing = [&](std::uint64_t at) {
+    std::size_t first, last;
+    first_last(at, bytes, &first, &last);
+    std::uint64_t n = 0;
+    for (std::size_t i = first; i <= last; ++i) n += absent(i);
+    return n;
+  };
+  *offset = 0;
+  std::uint64_t best = missing(addr);
+  const std::uint64_t end = (addr + size - bytes) & ~std::uint64_t{511};  // the last start that fits
+  if (best != 0 && end > addr)
+    if (const std::uint64_t m = missing(end); m < best) {
+      best = m;
+      *offset = end - addr;
+    }
+  // Granule boundaries in between, one granule at a time, up to the most ever mapped (a block
+  // that starts past it has every granule missing).
+  std::size_t i = index(addr) + 1;
+  const std::size_t k = static_cast<std::size_t>((bytes + g - 1) / g);  // granules of a block on a boundary
+  std::size_t stop = std::min<std::size_t>(index(end), top_);
+  if (best == 0 || i > stop || base_ + i * g >= end) return best * g;
+  std::uint64_t miss = 0;
+  for (std::size_t j = i; j < i + k; ++j) miss += absent(j);
+  for (;;) {
+    if (miss < best) {
+      best = miss;
+      *offset = base_ + i * g - addr;
+      if (best == 0) break;
+    }
+    if (i == stop || base_ + (i + 1) * g > end) break;
+    miss += absent(i + k) - absent(i);
+    ++i;
+  }
+  return best * g;
 }
 
 void Granules::touch(std::uint64_t addr, std::uint64_t bytes) {
@@ -88,6 +129,7 @@ std::vector<Granules::Run> Granules::begin_map(std::uint64_t addr, std::uint64_t
     if (state_[i] != State::unmapped) continue;
     state_[i] = State::mapping;
     seq_[i] = 0;  // fresh memory: no device work has used it
+    top_ = std::max(top_, i + 1);
     const std::uint64_t va = base_ + i * granule_;
     if (!runs.empty() && runs.back().va + runs.back().bytes == va) runs.back().bytes += granule_;
     else runs.push_back({va, granule_});

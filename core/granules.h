@@ -41,6 +41,11 @@ class Granules {
   // retires (safe_seq >= seq).
   void untouch(std::uint64_t addr, std::uint64_t bytes, std::uint64_t seq);
 
+  // Where a block of `bytes` inside the free block [addr, addr + size) finds the most memory
+  // mapped: at its start, at a granule boundary after it, or at the last place it fits; *offset
+  // receives the place (from addr, a multiple of 512). Returns the bytes that place would need
+  // mapped (granules in flight count as missing).
+  std::uint64_t best_window(std::uint64_t addr, std::uint64_t size, std::uint64_t bytes, std::uint64_t* offset) const;
   // Bytes of the block's granules that are unmapped.
   std::uint64_t missing_bytes(std::uint64_t addr, std::uint64_t bytes) const;
   // The block's unmapped granules, as runs, now marked as being mapped. Their bytes in *bytes.
@@ -76,6 +81,7 @@ class Granules {
   std::vector<std::uint64_t> idle_bits_;  // one bit per idle granule: found from the top by words
   std::uint64_t mapped_ = 0, idle_ = 0;  // granules
   std::uint64_t max_idle_seq_ = 0;  // an upper bound of seq_ over idle granules
+  std::size_t top_ = 0;  // past the highest granule ever mapped
 };
 
 }  // namespace cupool

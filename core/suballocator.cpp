@@ -210,6 +210,29 @@ std::uint64_t Suballocator::allocate(std::size_t size, std::uint32_t* chunk) {
   return take_node(n, bytes, chunk);
 }
 
+std::uint64_t Suballocator::allocate_best_fit(std::size_t size, int max_probe, std::uint32_t* chunk) {
+  if (size > (std::size_t{1} << 62)) return 0;
+  const std::uint64_t bytes = size == 0 ? kAlignment : (size + kAlignment - 1) & ~std::uint64_t{kAlignment - 1};
+  int fl, sl;
+  mapping(bytes >> kAlignShift, &fl, &sl);
+  // Classes ascend in size: the first class with a block that fits holds the best fit.
+  for (std::uint64_t fls = fl_bitmap_ & (~std::uint64_t{0} << fl); fls != 0; fls &= fls - 1) {
+    const int f = std::countr_zero(fls);
+    for (std::uint32_t m = sl_bitmap_[f] & (f == fl ? ~0u << sl : ~0u); m != 0; m &= m - 1) {
+      std::uint32_t best = kNil;
+      int probe = max_probe;
+      for (std::uint32_t n = heads_[f][std::countr_zero(m)]; n != kNil && probe > 0; n = nodes_[n].next_free, --probe) {
+        const Node& node = nodes_[n];
+        if (node.size < bytes) continue;
+        if (best == kNil || node.size < nodes_[best].size || (node.size == nodes_[best].size && node.addr < nodes_[best].addr))
+          best = n;
+      }
+      if (best != kNil) return take_node(best, bytes, chunk);
+    }
+  }
+  return 0;
+}
+
 std::uint64_t Suballocator::take_node(std::uint32_t n, std::uint64_t bytes, std::uint32_t* chunk) {
   list_remove(n);
   Node* node = &nodes_[n];
@@ -235,6 +258,27 @@ std::uint64_t Suballocator::take_node(std::uint32_t n, std::uint64_t bytes, std:
   map_insert(node->addr, n);
   if (chunk) *chunk = node->chunk;
   return node->addr;
+}
+
+std::uint64_t Suballocator::take_node_at(std::uint32_t n, std::uint64_t offset, std::uint64_t bytes, std::uint32_t* chunk) {
+  if (offset == 0 || offset + bytes > nodes_[n].size) return take_node(n, bytes, chunk);
+  // The front keeps node n (a chunk's first node never moves) and goes back to its size class;
+  // the rest becomes a free node of its own, whose front is handed out.
+  list_remove(n);
+  const std::uint32_t r = new_node();
+  Node& node = nodes_[n];  // after new_node: it may have grown the slab
+  Node& rest = nodes_[r];
+  rest.addr = node.addr + offset;
+  rest.size = node.size - offset;
+  rest.chunk = node.chunk;
+  rest.prev_phys = n;
+  rest.next_phys = node.next_phys;
+  if (node.next_phys != kNil) nodes_[node.next_phys].prev_phys = r;
+  node.next_phys = r;
+  node.size = offset;
+  list_insert(n);
+  list_insert(r);
+  return take_node(r, bytes, chunk);
 }
 
 std::uint32_t Suballocator::make_free(std::uint32_t n) {

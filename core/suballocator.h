@@ -47,25 +47,44 @@ class Suballocator {
   // A block of at least `size` bytes (rounded up to kAlignment; 0 counts as kAlignment), or 0.
   // Succeeds whenever some free block is large enough. `chunk` receives the block's chunk id.
   std::uint64_t allocate(std::size_t size, std::uint32_t* chunk = nullptr);
-  // As allocate(), but the first free block (up to `max_probe` of them, size classes ascending)
-  // where `prefer(address, bytes)` holds for the block it would hand out; else as allocate().
-  // The vmm policy prefers addresses with memory mapped behind them (DevicePool::take).
-  template <class Pred>
-  std::uint64_t allocate_preferring(std::size_t size, Pred&& prefer, int max_probe, std::uint32_t* chunk = nullptr) {
+  // Best fit: the smallest free block that holds the request (the lowest address of those in
+  // its size class that are as small, up to `max_probe` of them looked at), its front handed
+  // out; 0 if none is large enough. The vmm policy places by it: TLSF's allocate() skips the
+  // request's own size class (its first block might not fit), which cuts larger free blocks,
+  // and in the vmm range those cuts strand mapped granules.
+  std::uint64_t allocate_best_fit(std::size_t size, int max_probe, std::uint32_t* chunk = nullptr);
+  // The vmm policy's miss path: of every free block large enough, the place inside it that
+  // `cost(address, size, bytes, &offset)` scores lowest (it sets the block's offset from the free
+  // block's start, a multiple of kAlignment); ties go to the smaller free block, then the lower
+  // address. 0 if no free block is large enough. Visits every free block of the size classes
+  // that can hold the request: a path taken only where memory would otherwise be mapped.
+  template <class Cost>
+  std::uint64_t allocate_best(std::size_t size, Cost&& cost, std::uint32_t* chunk = nullptr) {
     if (size > (std::size_t{1} << 62)) return 0;
     const std::uint64_t bytes = size == 0 ? kAlignment : (size + kAlignment - 1) & ~std::uint64_t{kAlignment - 1};
     int fl, sl;
     mapping(bytes >> kAlignShift, &fl, &sl);
-    for (; fl < kFlCount && max_probe > 0; ++fl, sl = 0) {
-      for (std::uint32_t m = sl_bitmap_[fl] & (~0u << sl); m != 0 && max_probe > 0; m &= m - 1) {
-        for (std::uint32_t n = heads_[fl][std::countr_zero(m)]; n != kNil && max_probe > 0; n = nodes_[n].next_free) {
-          if (nodes_[n].size < bytes) continue;
-          --max_probe;
-          if (prefer(nodes_[n].addr, bytes)) return take_node(n, bytes, chunk);
+    std::uint32_t best = kNil;
+    std::uint64_t best_cost = ~std::uint64_t{0}, best_offset = 0;
+    for (std::uint64_t fls = fl_bitmap_ & (~std::uint64_t{0} << fl); fls != 0; fls &= fls - 1) {
+      const int f = std::countr_zero(fls);
+      for (std::uint32_t m = sl_bitmap_[f] & (f == fl ? ~0u << sl : ~0u); m != 0; m &= m - 1) {
+        for (std::uint32_t n = heads_[f][std::countr_zero(m)]; n != kNil; n = nodes_[n].next_free) {
+          const Node& node = nodes_[n];
+          if (node.size < bytes) continue;
+          std::uint64_t offset = 0;
+          const std::uint64_t c = cost(node.addr, node.size, bytes, &offset);
+          if (best == kNil || c < best_cost ||
+              (c == best_cost && (node.size < nodes_[best].size ||
+                                  (node.size == nodes_[best].size && node.addr < nodes_[best].addr)))) {
+            best = n;
+            best_cost = c;
+            best_offset = offset;
+          }
         }
       }
     }
-    return allocate(size, chunk);
+    return best == kNil ? 0 : take_node_at(best, best_offset, bytes, chunk);
   }
   // Give back a block that allocate() returned.
   FreeStatus free(std::uint64_t address, FreeInfo* info = nullptr);
@@ -146,6 +165,8 @@ class Suballocator {
   void list_remove(std::uint32_t n);
   std::uint32_t find_free(std::uint64_t units) const;
   std::uint64_t take_node(std::uint32_t n, std::uint64_t bytes, std::uint32_t* chunk);  // free node n: its front
+  // Free node n, `offset` bytes in (a multiple of kAlignment): the front stays free.
+  std::uint64_t take_node_at(std::uint32_t n, std::uint64_t offset, std::uint64_t bytes, std::uint32_t* chunk);
   std::uint32_t make_free(std::uint32_t n);  // coalesce and list; returns surviving node
   std::uint32_t find_chunk(std::uint64_t address) const;
   std::uint32_t block_containing(std::uint64_t address) const;

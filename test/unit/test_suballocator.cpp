@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <random>
@@ -46,39 +47,62 @@ TEST_CASE("suballocator: blocks are aligned, rounded and accounted", "[suballoca
   CHECK(s.check_invariants());
 }
 
-TEST_CASE("suballocator: allocate_preferring takes the first free block the caller prefers", "[suballocator]") {
+TEST_CASE("suballocator: best fit takes the smallest free block that holds the request", "[suballocator]") {
   Suballocator s;
   REQUIRE(s.add_chunk(kBase, 64 * MiB) != Suballocator::kNoChunk);
-  // Free holes of 2 MiB at 0, 8 and 16 MiB (their neighbours live), and the tail from 24 MiB.
-  std::vector<std::uint64_t> blocks;
-  for (int i = 0; i < 12; ++i) blocks.push_back(s.allocate(2 * MiB));
-  REQUIRE(s.free(blocks[0]) == FS::freed);
-  REQUIRE(s.free(blocks[4]) == FS::freed);
-  REQUIRE(s.free(blocks[8]) == FS::freed);
-  std::vector<std::uint64_t> asked;
-  auto at_0 = [&](std::uint64_t a, std::uint64_t n) {
-    asked.push_back(a);
-    CHECK(n == 1 * MiB);
-    return a == kBase;
-  };
-  CHECK(s.allocate_preferring(1 * MiB, at_0, 32) == kBase);
-  CHECK(asked.size() >= 2);  // the hole freed first is listed last: others were looked at first
+  // Free holes (their neighbours live) of 3 MiB at 0, 2 MiB at 4, 2.5 MiB at 8 MiB; the tail from 12 MiB.
+  const std::uint64_t h0 = s.allocate(3 * MiB), l0 = s.allocate(1 * MiB);
+  const std::uint64_t h1 = s.allocate(2 * MiB), l1 = s.allocate(2 * MiB);
+  const std::uint64_t h2 = s.allocate(2 * MiB + MiB / 2), l2 = s.allocate(MiB + MiB / 2);
+  REQUIRE((l0 && l1 && l2));
+  REQUIRE(s.free(h0) == FS::freed);
+  REQUIRE(s.free(h1) == FS::freed);
+  REQUIRE(s.free(h2) == FS::freed);
+  // 2 MiB + 512: the 2 MiB hole is too small; TLSF's allocate() would skip the 2.5 MiB hole's
+  // size class (its first block might not fit) and cut the 3 MiB one or the tail.
+  CHECK(s.allocate_best_fit(2 * MiB + 512, 64) == h2);
+  CHECK(s.allocate_best_fit(2 * MiB, 64) == h1);
+  CHECK(s.allocate_best_fit(1, 64) == h2 + 2 * MiB + 512);  // the smallest free block: what h2's hole kept
+  CHECK(s.allocate_best_fit(1ull << 40, 64) == 0);
   CHECK(s.check_invariants());
-  // Nothing preferred: as allocate() would place it.
+  // Equal sizes: the lower address.
   Suballocator t;
   REQUIRE(t.add_chunk(kBase, 64 * MiB) != Suballocator::kNoChunk);
-  const std::uint64_t plain = t.allocate(3 * MiB);
-  Suballocator u;
-  REQUIRE(u.add_chunk(kBase, 64 * MiB) != Suballocator::kNoChunk);
-  CHECK(u.allocate_preferring(3 * MiB, [](std::uint64_t, std::uint64_t) { return false; }, 32) == plain);
-  // The probe is bounded: with one candidate looked at, the preferred hole is never reached.
-  asked.clear();
-  const std::uint64_t p = s.allocate_preferring(1 * MiB, [&](std::uint64_t a, std::uint64_t) {
-    asked.push_back(a);
-    return a == kBase + 8 * MiB;
-  }, 1);
-  CHECK(asked.size() == 1);
-  CHECK(p != 0);
+  std::vector<std::uint64_t> b;
+  for (int i = 0; i < 8; ++i) b.push_back(t.allocate(1 * MiB));
+  for (int i : {6, 2, 4}) REQUIRE(t.free(b[i]) == FS::freed);
+  CHECK(t.allocate_best_fit(1 * MiB, 64) == b[2]);
+  CHECK(t.check_invariants());
+}
+
+TEST_CASE("suballocator: allocate_best places the block where the cost is lowest, inside a free block", "[suballocator]") {
+  Suballocator s;
+  REQUIRE(s.add_chunk(kBase, 64 * MiB) != Suballocator::kNoChunk);
+  const std::uint64_t a = s.allocate(8 * MiB), live = s.allocate(1 * MiB);
+  REQUIRE(live != 0);
+  REQUIRE(s.free(a) == FS::freed);  // free: [0, 8) MiB and the tail [9, 64) MiB
+  // The cost: how far the block starts from 20 MiB; the place inside each free block nearest it.
+  auto cost = [&](std::uint64_t addr, std::uint64_t size, std::uint64_t bytes, std::uint64_t* offset) -> std::uint64_t {
+    const std::uint64_t want = kBase + 20 * MiB;
+    const std::uint64_t at = std::clamp(want, addr, addr + size - bytes);
+    *offset = at - addr;
+    return at > want ? at - want : want - at;
+  };
+  const std::uint64_t p = s.allocate_best(2 * MiB, cost);
+  CHECK(p == kBase + 20 * MiB);
+  CHECK(s.block_size(p) == 2 * MiB);
+  CHECK(s.check_invariants());
+  // What is left on both sides stays free, and coalesces when the block goes.
+  CHECK(s.free_bytes() == 63 * MiB - 2 * MiB);
+  CHECK(s.largest_free() == 42 * MiB);  // [22, 64)
+  REQUIRE(s.free(p) == FS::freed);
+  CHECK(s.largest_free() == 55 * MiB);
+  CHECK(s.check_invariants());
+  // Equal costs: the smaller free block.
+  CHECK(s.allocate_best(1 * MiB, [](std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t*) -> std::uint64_t {
+    return 0;
+  }) == kBase);
+  CHECK(s.allocate_best(1ull << 40, cost) == 0);
   CHECK(s.check_invariants());
 }
 

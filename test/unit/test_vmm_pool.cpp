@@ -121,6 +121,33 @@ TEST_CASE("granules: touch, idle, runs, unmap from the top, fences", "[vmm-polic
   CHECK(g.idle_bytes() == 0);
 }
 
+TEST_CASE("granules: the place inside a free block with the most memory mapped", "[vmm-policy]") {
+  Granules g;
+  const std::uint64_t b = 0x40000000;
+  g.reset(b, 64 * 2 * MiB, 2 * MiB);
+  std::uint64_t total = 0;
+  auto map = [&](std::uint64_t at, std::uint64_t bytes) {
+    for (const Granules::Run& r : g.begin_map(at, bytes, &total)) g.end_map(r, true);
+  };
+  map(b + 20 * MiB, 6 * MiB);  // granules 10..12 mapped, idle
+  map(b + 40 * MiB, 2 * MiB);  // granule 20
+  std::uint64_t off = 0;
+  // A free block [1 MiB, 61 MiB): 6 MiB fit wholly on granules 10..12.
+  CHECK(g.best_window(b + 1 * MiB, 60 * MiB, 6 * MiB, &off) == 0);
+  CHECK(off == 19 * MiB);
+  // 8 MiB: one granule missing at best (10..12 and 13, or 9..12).
+  CHECK(g.best_window(b + 1 * MiB, 60 * MiB, 8 * MiB, &off) == 2 * MiB);
+  // The free block's start, unaligned, shares granule 10 with a neighbour: 3 MiB fit at its start.
+  CHECK(g.best_window(b + 21 * MiB, 30 * MiB, 3 * MiB, &off) == 0);
+  CHECK(off == 0);
+  // At its end: a free block [30 MiB, 42 MiB) holds 2 MiB over granule 20 only at its last place.
+  CHECK(g.best_window(b + 30 * MiB, 12 * MiB, 2 * MiB, &off) == 0);
+  CHECK(off == 10 * MiB);
+  // Nothing mapped within reach: every granule missing, at the start.
+  CHECK(g.best_window(b + 50 * MiB, 10 * MiB, 4 * MiB, &off) == 4 * MiB);
+  CHECK(off == 0);
+}
+
 TEST_CASE("vmm policy: granules mapped on demand, adjacent ones in one call", "[vmm-policy]") {
   SimUpstream up(4 * GiB);
   Events ev;
@@ -404,26 +431,27 @@ TEST_CASE("vmm policy: reserved follows in use where chunked growth fragments", 
   }
   // Chunked growth: 3552 MiB reserved at the peak, 1.096 times the peak in use.
   CHECK(g.peak_reserved == 3552 * MiB);
-  // vmm: 3246 MiB, 1.0013 times; what is left over is the granules that blocks share partly.
-  // Free blocks with memory behind them are placed first (Suballocator::allocate_preferring):
-  // placed blind, blocks went over unmapped granules while mapped ones sat idle, and the run
-  // reserved 3252 MiB with 21 maps and 27 unmaps in its last 75 steps.
-  CHECK(v.peak_reserved == 3246 * MiB);
-  CHECK(d.peak_reserved == 3246 * MiB);  // deferred frees in one order: fences from frees cover them
-  CHECK(f.peak_reserved == 3246 * MiB);  // deferred frees behind fences
-  // A device that lags the host: idle granules are not yet safe when a map would pass the most
-  // ever mapped; the pool waits for their fence rather than map more (it mapped more before,
-  // and reserved crept up to 1.15 times in use on the H200).
-  CHECK(b.peak_reserved == 3246 * MiB);
-  // Waits for the device in the last 75 steps: 8 (12 with blind placement), where sync frees
-  // wait at each of thousands of frees.
-  CHECK(b.fence_waits == 8);
-  // Steady state (the last 75 steps, whose use swings by up to 1.6 GiB a step): a few driver
-  // calls in all, because idle granules go only when a map would pass the most ever mapped.
-  CHECK(v.maps == 6);
-  CHECK(v.unmaps == 4);
-  CHECK(v.mapped == 236 * MiB);
-  CHECK(f.maps + f.unmaps == 15);
+  // vmm: idle granules stay mapped up to 1/40 over the most ever in blocks (DevicePool::kMapSlack),
+  // so reserved stays within that of the peak in use, whatever the frees and the device do.
+  for (const VarlenRun* r : {&v, &d, &f, &b}) CHECK(r->peak_reserved <= v.peak_in_use + v.peak_in_use / 40 + 2 * MiB);
+  CHECK(v.peak_reserved == 3252 * MiB);  // 1.003 times
+  CHECK(d.peak_reserved == 3290 * MiB);  // deferred frees in one order: fences from frees cover them
+  CHECK(f.peak_reserved == 3316 * MiB);  // deferred frees behind fences
+  // A device that lags the host: idle granules are not yet safe when a map would pass the mark;
+  // the pool waits for their fence rather than map more (it mapped more before, and reserved
+  // crept up to 1.15 times in use on the H200).
+  CHECK(b.peak_reserved == 3276 * MiB);
+  // Waits for the device in the last 75 steps: 4 (8 when idle granules went at the most ever
+  // mapped, without the slack), where sync frees wait at each of thousands of frees.
+  CHECK(b.fence_waits == 4);
+  // Steady state (the last 75 steps, whose use swings by up to 1.6 GiB a step): blocks placed by
+  // best fit, and where that needs a map, where the fewest granules are missing, map 36 MiB in
+  // all and unmap none. Unmapping at the most ever mapped, with blocks placed over mapped
+  // granules first (32 free blocks looked at), made 6 maps of 236 MiB and 4 unmaps.
+  CHECK(v.maps == 4);
+  CHECK(v.unmaps == 0);
+  CHECK(v.mapped == 36 * MiB);
+  CHECK(f.maps + f.unmaps == 7);
 }
 
 TEST_CASE("vmm policy: replay's device maps 2 MiB granules whatever its chunk rounding", "[vmm-policy]") {
