@@ -140,9 +140,10 @@ def quick_stack_counts(path, max_lines=500_000):
     return s
 
 
-def run(name, cmd, env_extra=None, shim=None, timeout=150, summary=True):
+def run(name, cmd, env_extra=None, shim=None, timeout=150, summary=True, keep=3000):
     """shim: None (no cupool) or a dict of CUPOOL_* settings. summary=False: the trace is only
-    sampled for its stacks (quick_stack_counts), for benchmarks whose traces are huge."""
+    sampled for its stacks (quick_stack_counts), for benchmarks whose traces are huge. keep: how
+    much of the end of stdout and stderr the results keep."""
     env = dict(os.environ)
     env.update(env_extra or {})
     trace = None
@@ -162,7 +163,7 @@ def run(name, cmd, env_extra=None, shim=None, timeout=150, summary=True):
     except subprocess.TimeoutExpired as e:
         rc, out, err = "timeout", (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), ""
     wall = time.time() - t0
-    r = {"name": name, "rc": rc, "wall_s": round(wall, 1), "stdout": out[-3000:], "stderr": err[-3000:]}
+    r = {"name": name, "rc": rc, "wall_s": round(wall, 1), "stdout": out[-keep:], "stderr": err[-keep:]}
     if trace and not summary:
         r["trace"] = quick_stack_counts(trace)
     elif trace:
@@ -743,7 +744,7 @@ if wanted("stacks"):
 # Per call and per size, and a run of 2 MiB granules made, moved and given back as the vmm policy
 # does, with the device idle and with a kernel queued (a call that waits for the device shows it).
 if wanted("vmmcalls"):
-    r = run("vmmcalls", [os.path.join(BIN, "bench_vmm_calls")], timeout=300)
+    r = run("vmmcalls", [os.path.join(BIN, "bench_vmm_calls")], timeout=300, keep=100_000)
     rows = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
     r["rows"] = [x for x in rows if "what" in x]
     for x in r["rows"]:
