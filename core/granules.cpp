@@ -12,6 +12,8 @@ void Granules::reset(std::uint64_t base, std::uint64_t size, std::uint64_t granu
   users_.assign(n, 0);
   state_.assign(n, State::unmapped);
   seq_.assign(n, 0);
+  since_.assign(n, 0);
+  stamp_ = 0;
   idle_bits_.assign((n + 63) / 64, 0);
   mapped_ = idle_ = 0;
   max_idle_seq_ = 0;
@@ -113,6 +115,7 @@ void Granules::untouch(std::uint64_t addr, std::uint64_t bytes, std::uint64_t se
     // sequence number is covered by a newer one's (fences retire in order).
     if (seq != 0) seq_[i] = std::max(seq_[i], seq);
     if (--users_[i] == 0 && state_[i] == State::mapped) {
+      since_[i] = ++stamp_;
       ++idle_;
       set_idle_bit(i, true);
       max_idle_seq_ = std::max(max_idle_seq_, seq_[i]);
@@ -152,34 +155,36 @@ void Granules::end_map(const Run& run, bool mapped) {
 
 std::vector<Granules::Run> Granules::begin_unmap(std::uint64_t max_bytes, std::uint64_t safe_seq) {
   std::vector<Run> runs;
-  std::uint64_t left = max_bytes / granule_;
+  const std::uint64_t want = max_bytes / granule_;
+  if (want == 0) return runs;
+  // The safe idle granules, longest idle first: in a loop that repeats, a granule idle through a
+  // whole iteration is one that the loop does not use again, where one idle since a recent free
+  // is often taken again in a moment.
+  std::vector<std::pair<std::uint64_t, std::size_t>> idle;  // (since, index)
+  idle.reserve(idle_);
   std::uint64_t still_unsafe = 0;
-  for (std::size_t w = idle_bits_.size(); w-- > 0 && left > 0;) {
-    std::uint64_t bits = idle_bits_[w];
-    while (bits != 0 && left > 0) {
-      const int b = 63 - std::countl_zero(bits);
-      bits &= ~(std::uint64_t{1} << b);
-      const std::size_t i = w * 64 + static_cast<std::size_t>(b);
-      if (seq_[i] > safe_seq) {
-        still_unsafe = std::max(still_unsafe, seq_[i]);
-        continue;
-      }
-      set_idle_bit(i, false);
-      --idle_;
-      --mapped_;
-      --left;
-      state_[i] = State::unmapping;
-      seq_[i] = 0;
-      const std::uint64_t va = base_ + i * granule_;
-      if (!runs.empty() && runs.back().va == va + granule_) {  // descending: extend downwards
-        runs.back().va = va;
-        runs.back().bytes += granule_;
-      } else {
-        runs.push_back({va, granule_});
-      }
+  for (std::size_t w = 0; w < idle_bits_.size(); ++w)
+    for (std::uint64_t bits = idle_bits_[w]; bits != 0; bits &= bits - 1) {
+      const std::size_t i = w * 64 + static_cast<std::size_t>(std::countr_zero(bits));
+      if (seq_[i] > safe_seq) still_unsafe = std::max(still_unsafe, seq_[i]);
+      else idle.emplace_back(since_[i], i);
     }
+  if (idle.size() > want) {
+    std::nth_element(idle.begin(), idle.begin() + static_cast<std::ptrdiff_t>(want), idle.end());
+    idle.resize(want);
   }
-  if (left > 0) max_idle_seq_ = still_unsafe;  // every idle granule was looked at
+  max_idle_seq_ = still_unsafe;  // every idle granule was looked at (those left safe need no fence)
+  std::sort(idle.begin(), idle.end(), [](const auto& a, const auto& b) { return a.second < b.second; });
+  for (const auto& [since, i] : idle) {
+    set_idle_bit(i, false);
+    --idle_;
+    --mapped_;
+    state_[i] = State::unmapping;
+    seq_[i] = 0;
+    const std::uint64_t va = base_ + i * granule_;
+    if (!runs.empty() && runs.back().va + runs.back().bytes == va) runs.back().bytes += granule_;
+    else runs.push_back({va, granule_});
+  }
   return runs;
 }
 

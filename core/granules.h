@@ -53,9 +53,8 @@ class Granules {
   // A run from begin_map: mapped, or (failed) unmapped again.
   void end_map(const Run& run, bool mapped);
 
-  // Up to `max_bytes` of idle granules that are safe as of `safe_seq`, highest addresses first
-  // (the suballocator splits free blocks from the front, so low granules are the likelier to be
-  // used again), as runs now marked as being unmapped; no longer counted as mapped.
+  // Up to `max_bytes` of idle granules that are safe as of `safe_seq`, those idle the longest
+  // first, as runs (ascending) now marked as being unmapped; no longer counted as mapped.
   std::vector<Run> begin_unmap(std::uint64_t max_bytes, std::uint64_t safe_seq);
   void end_unmap(const Run& run);  // the run is unmapped
 
@@ -81,7 +80,9 @@ class Granules {
   std::vector<std::uint64_t> idle_bits_;  // one bit per idle granule: found from the top by words
   std::uint64_t mapped_ = 0, idle_ = 0;  // granules
   std::uint64_t max_idle_seq_ = 0;  // an upper bound of seq_ over idle granules
-  std::size_t top_ = 0;  // past the highest granule ever mapped
+  std::size_t top_ = 0;
+  std::vector<std::uint64_t> since_;  // idle granules: when they became idle (stamp_ then)
+  std::uint64_t stamp_ = 0;            // counts granules becoming idle  // past the highest granule ever mapped
 };
 
 }  // namespace cupool
