@@ -242,15 +242,21 @@ def vmm_others(name):
     benches = [r for r in d["runs"] if "-bench-" in r["name"]]
     text = source(name, d["header"]) + " Peaks from each run's trace; the runs without cupool have none.\n\n" + table(
         ["run", "exit", "median step ms", "exact loss", "peak in use", "peak reserved", "reserved / in use"], rows)
-    if any("-round" in r["name"] for r in benches):  # three alternating rounds per policy
-        pair = {}
+    if any("-round" in r["name"] for r in benches):  # three alternating rounds per policy, every size
+        cells = {}  # (bytes, threads) -> policy -> the rounds' medians
         for r in benches:
             pol = re.search(r"-round\d+-(\w+)-deferred", r["name"]).group(1)
-            pair.setdefault(pol, []).append(last_json(r.get("stdout")).get("median_ns"))
-        return text + ("\n\nPool-hit pair cost (`test/gpu/bench_alloc.cu`, 64 MiB, 8 threads, median ns per alloc+free "
-                       "per thread; three alternating rounds, trace off, deferred frees):\n\n") + table(
-            ["policy", "rounds", "median of the rounds"],
-            [[pol, " / ".join(str(x) for x in v), f"{sorted(v)[len(v) // 2]} ns"] for pol, v in pair.items()])
+            for line in (r.get("stdout") or "").splitlines():
+                if line.startswith("{"):
+                    j = json.loads(line)
+                    cells.setdefault((j["bytes"], j["threads"]), {}).setdefault(pol, []).append(j["median_ns"])
+        pols = sorted({p for c in cells.values() for p in c})
+        rows = [[f"{b // MiB} MiB" if b >= MiB else f"{b} B", t] +
+                [f'{" / ".join(str(x) for x in c[p])} ({sorted(c[p])[len(c[p]) // 2]})' for p in pols]
+                for (b, t), c in sorted(cells.items())]
+        return text + ("\n\nPool-hit pair cost (`test/gpu/bench_alloc.cu`, median ns per alloc+free per thread; "
+                       "three alternating rounds, trace off, deferred frees; each cell: the rounds, and their median):"
+                       "\n\n") + table(["size", "threads"] + pols, rows)
     bench = [[r["name"].replace("vmmpolicy-", ""), last_json(r.get("stdout")).get("median_ns")] for r in benches]
     return text + "\n\nPool-hit pair cost (`test/gpu/bench_alloc.cu`, 64 MiB, 8 threads, one run each):\n\n" + table(
         ["run", "median ns"], bench)
