@@ -63,7 +63,7 @@ static void maybe_busy(bool busy) {
 static void settle() { CK(cuCtxSynchronize()); }
 
 // One handle of `bytes`: each call timed on its own.
-static void single_handle(size_t bytes, int reps, bool busy) {
+static void single_handle(size_t bytes, int reps, bool busy, bool report = true) {
   CUdeviceptr va;
   CK(cuMemAddressReserve(&va, bytes, 0, 0, 0));
   std::vector<double> create, map, access, unmap, release;
@@ -92,6 +92,7 @@ static void single_handle(size_t bytes, int reps, bool busy) {
     release.push_back(t6 - t5);
   }
   CK(cuMemAddressFree(va, bytes));
+  if (!report) return;
   const int n = int(bytes / g_gran);
   const char* sfx = busy ? "_busy" : "";
   char name[64];
@@ -155,8 +156,8 @@ int main() {
   g_access.location = g_prop.location;
   g_access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   CK(cuMemGetAllocationGranularity(&g_gran, &g_prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  // Warm the driver's paths once.
-  single_handle(g_gran, 3, false);
+  // Warm the driver's paths once (not reported).
+  single_handle(g_gran, 3, false, false);
   for (size_t mib : {2, 8, 32, 128, 512}) single_handle(mib << 20, 15, false);
   for (int n : {1, 16, 64, 256}) granule_run(n, 9, false);
   single_handle(g_gran, 5, true);
