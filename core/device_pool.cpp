@@ -556,7 +556,7 @@ void DevicePool::cover_idle() {
   unmap_fence_seq_ = free_seq_++;
 }
 
-// Unmaps up to `bytes` of idle granules, highest first. Granules freed without a wait (deferred
+// Unmaps up to `bytes` of idle granules, longest idle first. Granules freed without a wait (deferred
 // frees while all work is in one order) may still be read by the device, and an unmap does not
 // wait for it as cudaFree does: they go only once a fence placed after their free has retired.
 // That fence is polled; `may_wait` (on the way to a refusal, or giving memory back) waits for it.

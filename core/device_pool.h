@@ -108,9 +108,9 @@ class DevicePool final : public ThreadCacheOwner {
   // vmm policy: best fit looks at up to this many free blocks of the size class that holds it.
   static constexpr int kBestFitProbe = 64;
   // vmm policy: idle granules are unmapped only where the mapped bytes would pass the most ever
-  // in blocks by more than 1/kMapSlack (2.5%): with 1/40, train_varlen.py's recorded trace
-  // replayed at 1.025 times its peak in use with 1.1 GiB unmapped in 150 steps; unmapping at
-  // the mark itself, at 1.005 with 12 GiB, each 2 MiB costing tens of microseconds on the H200.
+  // in blocks by more than 1/kMapSlack: issue 15 allows 1.03 times the peak in use, and a swing
+  // of use below the mark then costs no map or unmap (docs/design.md, "When idle granules are
+  // unmapped"; test tools-vmm-h200-traces).
   static constexpr std::uint64_t kMapSlack = 40;
 
  private:
@@ -249,7 +249,7 @@ class DevicePool final : public ThreadCacheOwner {
   bool vmm_busy_ = false;              // the range is being reserved (outside the lock)
   std::uint64_t vmm_base_ = 0, vmm_size_ = 0;
   Granules granules_;
-  std::uint64_t blocks_high_ = 0;      // the most bytes ever in blocks (live, quarantined, cached)
+  std::uint64_t blocks_high_ = 0;      // the most bytes in blocks (live, quarantined, cached) seen at a map
   std::uint64_t free_seq_ = 1;         // advances past each fence placed for idle granules
   std::uint64_t safe_seq_ = 0;         // idle granules freed at or before it may be unmapped
   FenceId unmap_fence_ = 0;            // placed for idle granules, not yet seen retired...

@@ -78,7 +78,7 @@ std::uint64_t Granules::best_window(std::uint64_t addr, std::uint64_t size, std:
   // that starts past it has every granule missing).
   std::size_t i = index(addr) + 1;
   const std::size_t k = static_cast<std::size_t>((bytes + g - 1) / g);  // granules of a block on a boundary
-  std::size_t stop = std::min<std::size_t>(index(end), top_);
+  const std::size_t stop = std::min<std::size_t>(index(end), std::max(top_, i));
   if (best == 0 || i > stop || base_ + i * g >= end) return best * g;
   std::uint64_t miss = 0;
   for (std::size_t j = i; j < i + k; ++j) miss += absent(j);
@@ -147,6 +147,7 @@ void Granules::end_map(const Run& run, bool mapped) {
     if (!mapped) continue;
     ++mapped_;
     if (users_[i] == 0) {  // the block that asked for it went meanwhile (a failed neighbour run)
+      since_[i] = ++stamp_;
       ++idle_;
       set_idle_bit(i, true);
     }

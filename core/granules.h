@@ -77,12 +77,14 @@ class Granules {
   std::vector<std::uint32_t> users_;   // taken blocks touching each granule
   std::vector<State> state_;
   std::vector<std::uint64_t> seq_;     // idle granules: the free sequence they wait for (0: none)
-  std::vector<std::uint64_t> idle_bits_;  // one bit per idle granule: found from the top by words
+  std::vector<std::uint64_t> idle_bits_;  // one bit per idle granule, scanned by words
   std::uint64_t mapped_ = 0, idle_ = 0;  // granules
-  std::uint64_t max_idle_seq_ = 0;  // an upper bound of seq_ over idle granules
-  std::size_t top_ = 0;
+  // An upper bound of seq_ over the idle granules not yet safe (those safe stay safe: the safe
+  // sequence number only grows).
+  std::uint64_t max_idle_seq_ = 0;
+  std::size_t top_ = 0;               // past the highest granule ever mapped
   std::vector<std::uint64_t> since_;  // idle granules: when they became idle (stamp_ then)
-  std::uint64_t stamp_ = 0;            // counts granules becoming idle  // past the highest granule ever mapped
+  std::uint64_t stamp_ = 0;           // counts granules becoming idle
 };
 
 }  // namespace cupool
