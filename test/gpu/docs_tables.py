@@ -263,7 +263,7 @@ def vmm_others(name):
 
 
 def vmm_calls():
-    name = "2026-12-02-runS-results-vmmcalls-vmmpolicy.json"
+    name = "2026-12-02-runV-results-inflight-nvml-share-vmmcalls-vmmpolicy.json"
     d = load(name)
     r = by_name(d["runs"])["vmmcalls"]
     # The benchmark warms the driver's paths with 3 calls of 2 MiB first; a file that holds those
@@ -273,7 +273,8 @@ def vmm_calls():
              f'{x["median_ns"] / 1e3 / x["granules"]:.1f} us'] for i, x in enumerate(r["rows"])
             if last[(x["what"], x["bytes"])] == i]
     return source(name, d["header"]) + (" `test/gpu/bench_vmm_calls.cu`, without cupool: median of 15 calls (single "
-                                        "handles), 9 runs (granule runs) or 5 (`_busy`: a 20 ms kernel queued first). "
+                                        "handles), 9 runs (granule runs) or 5 (`_busy`: a 20 ms kernel queued first; "
+                                        "runs before `39e7921` also listed a warm-up of 3 calls of 2 MiB). "
                                         "`create` ... `release`: one handle of that size; `run_new`: n 2 MiB handles "
                                         "created and mapped, one `cuMemSetAccess`, as the vmm policy maps; `run_free`: "
                                         "unmapped and released; `run_move`: the same handles unmapped and mapped at "
@@ -322,9 +323,9 @@ TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": framewor
           "policies-pt": lambda: policies("pt-"), "policies-jax": lambda: policies("jax-"),
           "policies-share": lambda: policies("share-"), "limit": limit,
           "sharing": sharing, "share-startup": share_startup,
-          "vmm-varlen": lambda: policies("pt-", "2026-12-02-runU-vmmpolicy-policies.json"),
+          "vmm-varlen": lambda: policies("pt-", "2026-12-02-runV-vmmpolicy-policies.json"),
           "vmm-varlen-before": lambda: policies("pt-", "2026-12-02-runO-vmmpolicy-policies.json"),
-          "vmm-others": lambda: vmm_others("2026-12-02-runU-results-inflight-vmmpolicy.json"),
+          "vmm-others": lambda: vmm_others("2026-12-02-runV-results-inflight-nvml-share-vmmcalls-vmmpolicy.json"),
           "vmm-others-before": lambda: vmm_others("2026-12-02-runO-results-vmmpolicy.json"), "vmm-calls": vmm_calls,
           "stacks": stacks,
           "min-capacity": min_capacity}
