@@ -17,6 +17,7 @@ exact count of bytes). Numbers are compared as values: "29.0" matches "29", "2 5
 import json
 import os
 import re
+import statistics
 import sys
 from decimal import Decimal
 
@@ -254,6 +255,9 @@ def vmm_others(name):
         rows = [[f"{b // MiB} MiB" if b >= MiB else f"{b} B", t] +
                 [f'{" / ".join(str(x) for x in c[p])} ({sorted(c[p])[len(c[p]) // 2]})' for p in pols]
                 for (b, t), c in sorted(cells.items())]
+        every = {p: [x for c in cells.values() for x in c.get(p, [])] for p in pols}
+        rows.append(["every size", "1 and 8"] + [f"median of {len(every[p])}: {statistics.median(every[p]):.1f}"
+                                                 for p in pols])
         return text + ("\n\nPool-hit pair cost (`test/gpu/bench_alloc.cu`, median ns per alloc+free per thread; "
                        "three alternating rounds, trace off, deferred frees; each cell: the rounds, and their median):"
                        "\n\n") + table(["size", "threads"] + pols, rows)
