@@ -203,34 +203,29 @@ void Suballocator::clear() {
 // ---- blocks ------------------------------------------------------------------------------------
 
 std::uint64_t Suballocator::allocate(std::size_t size, std::uint32_t* chunk) {
-  if (size > (std::size_t{1} << 62)) return 0;
-  std::uint64_t bytes = size == 0 ? kAlignment : (size + kAlignment - 1) & ~std::uint64_t{kAlignment - 1};
+  const std::uint64_t bytes = request_bytes(size);
+  if (bytes == 0) return 0;
   std::uint32_t n = find_free(bytes >> kAlignShift);
   if (n == kNil) return 0;
   return take_node(n, bytes, chunk);
 }
 
 std::uint64_t Suballocator::allocate_best_fit(std::size_t size, int max_probe, std::uint32_t* chunk) {
-  if (size > (std::size_t{1} << 62)) return 0;
-  const std::uint64_t bytes = size == 0 ? kAlignment : (size + kAlignment - 1) & ~std::uint64_t{kAlignment - 1};
-  int fl, sl;
-  mapping(bytes >> kAlignShift, &fl, &sl);
+  const std::uint64_t bytes = request_bytes(size);
+  if (bytes == 0) return 0;
   // Classes ascend in size: the first class with a block that fits holds the best fit.
-  for (std::uint64_t fls = fl_bitmap_ & (~std::uint64_t{0} << fl); fls != 0; fls &= fls - 1) {
-    const int f = std::countr_zero(fls);
-    for (std::uint32_t m = sl_bitmap_[f] & (f == fl ? ~0u << sl : ~0u); m != 0; m &= m - 1) {
-      std::uint32_t best = kNil;
-      int probe = max_probe;
-      for (std::uint32_t n = heads_[f][std::countr_zero(m)]; n != kNil && probe > 0; n = nodes_[n].next_free, --probe) {
-        const Node& node = nodes_[n];
-        if (node.size < bytes) continue;
-        if (best == kNil || node.size < nodes_[best].size || (node.size == nodes_[best].size && node.addr < nodes_[best].addr))
-          best = n;
-      }
-      if (best != kNil) return take_node(best, bytes, chunk);
+  std::uint32_t best = kNil;
+  for_each_class_from(bytes, [&](std::uint32_t head) {
+    int probe = max_probe;
+    for (std::uint32_t n = head; n != kNil && probe > 0; n = nodes_[n].next_free, --probe) {
+      const Node& node = nodes_[n];
+      if (node.size < bytes) continue;
+      if (best == kNil || node.size < nodes_[best].size || (node.size == nodes_[best].size && node.addr < nodes_[best].addr))
+        best = n;
     }
-  }
-  return 0;
+    return best != kNil;
+  });
+  return best == kNil ? 0 : take_node(best, bytes, chunk);
 }
 
 std::uint64_t Suballocator::take_node(std::uint32_t n, std::uint64_t bytes, std::uint32_t* chunk) {

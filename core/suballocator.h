@@ -60,30 +60,26 @@ class Suballocator {
   // that can hold the request: a path taken only where memory would otherwise be mapped.
   template <class Cost>
   std::uint64_t allocate_best(std::size_t size, Cost&& cost, std::uint32_t* chunk = nullptr) {
-    if (size > (std::size_t{1} << 62)) return 0;
-    const std::uint64_t bytes = size == 0 ? kAlignment : (size + kAlignment - 1) & ~std::uint64_t{kAlignment - 1};
-    int fl, sl;
-    mapping(bytes >> kAlignShift, &fl, &sl);
+    const std::uint64_t bytes = request_bytes(size);
+    if (bytes == 0) return 0;
     std::uint32_t best = kNil;
     std::uint64_t best_cost = ~std::uint64_t{0}, best_offset = 0;
-    for (std::uint64_t fls = fl_bitmap_ & (~std::uint64_t{0} << fl); fls != 0; fls &= fls - 1) {
-      const int f = std::countr_zero(fls);
-      for (std::uint32_t m = sl_bitmap_[f] & (f == fl ? ~0u << sl : ~0u); m != 0; m &= m - 1) {
-        for (std::uint32_t n = heads_[f][std::countr_zero(m)]; n != kNil; n = nodes_[n].next_free) {
-          const Node& node = nodes_[n];
-          if (node.size < bytes) continue;
-          std::uint64_t offset = 0;
-          const std::uint64_t c = cost(node.addr, node.size, bytes, &offset);
-          if (best == kNil || c < best_cost ||
-              (c == best_cost && (node.size < nodes_[best].size ||
-                                  (node.size == nodes_[best].size && node.addr < nodes_[best].addr)))) {
-            best = n;
-            best_cost = c;
-            best_offset = offset;
-          }
+    for_each_class_from(bytes, [&](std::uint32_t head) {
+      for (std::uint32_t n = head; n != kNil; n = nodes_[n].next_free) {
+        const Node& node = nodes_[n];
+        if (node.size < bytes) continue;
+        std::uint64_t offset = 0;
+        const std::uint64_t c = cost(node.addr, node.size, bytes, &offset);
+        if (best == kNil || c < best_cost ||
+            (c == best_cost && (node.size < nodes_[best].size ||
+                                (node.size == nodes_[best].size && node.addr < nodes_[best].addr)))) {
+          best = n;
+          best_cost = c;
+          best_offset = offset;
         }
       }
-    }
+      return false;  // every class
+    });
     return best == kNil ? 0 : take_node_at(best, best_offset, bytes, chunk);
   }
   // Give back a block that allocate() returned.
@@ -161,6 +157,23 @@ class Suballocator {
   std::uint32_t new_node();
   void drop_node(std::uint32_t n);
   static void mapping(std::uint64_t units, int* fl, int* sl);
+  // A request's size rounded up to kAlignment (0 counts as kAlignment); 0 if it is past any device.
+  static std::uint64_t request_bytes(std::size_t size) {
+    if (size > (std::size_t{1} << 62)) return 0;
+    return size == 0 ? kAlignment : (size + kAlignment - 1) & ~std::uint64_t{kAlignment - 1};
+  }
+  // Calls fn(head of a free list) for each non-empty size class from the one that `bytes` maps to
+  // (its blocks may be smaller than `bytes`), ascending, until fn returns true.
+  template <class Fn>
+  void for_each_class_from(std::uint64_t bytes, Fn&& fn) const {
+    int fl, sl;
+    mapping(bytes >> kAlignShift, &fl, &sl);
+    for (std::uint64_t fls = fl_bitmap_ & (~std::uint64_t{0} << fl); fls != 0; fls &= fls - 1) {
+      const int f = std::countr_zero(fls);
+      for (std::uint32_t m = sl_bitmap_[f] & (f == fl ? ~0u << sl : ~0u); m != 0; m &= m - 1)
+        if (fn(heads_[f][std::countr_zero(m)])) return;
+    }
+  }
   void list_insert(std::uint32_t n);
   void list_remove(std::uint32_t n);
   std::uint32_t find_free(std::uint64_t units) const;

@@ -270,15 +270,10 @@ def vmm_calls():
     name = "2026-12-02-runV-results-inflight-nvml-share-vmmcalls-vmmpolicy.json"
     d = load(name)
     r = by_name(d["runs"])["vmmcalls"]
-    # The benchmark warms the driver's paths with 3 calls of 2 MiB first; a file that holds those
-    # rows holds them before the measured ones of the same call and size: the later ones count.
-    last = {(x["what"], x["bytes"]): i for i, x in enumerate(r["rows"])}
     rows = [[x["what"], f'{x["bytes"] // MiB} MiB', x["granules"], f'{x["median_ns"] / 1e3:.1f} us',
-             f'{x["median_ns"] / 1e3 / x["granules"]:.1f} us'] for i, x in enumerate(r["rows"])
-            if last[(x["what"], x["bytes"])] == i]
+             f'{x["median_ns"] / 1e3 / x["granules"]:.1f} us'] for x in r["rows"]]
     return source(name, d["header"]) + (" `test/gpu/bench_vmm_calls.cu`, without cupool: median of 15 calls (single "
-                                        "handles), 9 runs (granule runs) or 5 (`_busy`: a 20 ms kernel queued first; "
-                                        "runs before `39e7921` also listed a warm-up of 3 calls of 2 MiB). "
+                                        "handles), 9 runs (granule runs) or 5 (`_busy`: a 20 ms kernel queued first). "
                                         "`create` ... `release`: one handle of that size; `run_new`: n 2 MiB handles "
                                         "created and mapped, one `cuMemSetAccess`, as the vmm policy maps; `run_free`: "
                                         "unmapped and released; `run_move`: the same handles unmapped and mapped at "

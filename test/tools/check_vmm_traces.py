@@ -4,7 +4,7 @@
 `cupool run --takeover`, replayed by `cupool replay --policy vmm,growth` on the simulated device.
 Holds the policy to issue 15's target (reserved at most 1.03 times the peak in use) and to the
 little churn that made its step time level with the caching allocator's on the H200: the build
-before (runO's library) unmapped 25.7 GiB over train_varlen.py's 150 steps to stay at 1.009, at
+before (runO's library) unmapped 25.7 GiB over train_varlen.py's 150 steps to stay at 1.008, at
 tens of microseconds per 2 MiB (docs/design.md, "The vmm policy").
 
   check_vmm_traces.py CUPOOL RUNS_DIR
