@@ -35,7 +35,8 @@ std::atomic<std::uint64_t> g_next_pool_id{1};
 
 }  // namespace
 
-DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer)
+DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
+                       DeviceAccount* account)
     : cfg_(cfg), device_(device), up_(upstream), observer_(observer), clock_(&event_clock), id_(g_next_pool_id++) {
   thread_caches::add_owner(id_, this);
   std::size_t total = 0, free = 0;
@@ -47,6 +48,8 @@ DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolOb
   } else {
     cap_ = total;
   }
+  if (account == nullptr) own_account_ = std::make_unique<DeviceAccount>(cap_);
+  account_ = account ? account : own_account_.get();
   step_ = std::max<std::uint64_t>(round_up(std::max<std::uint64_t>(cfg_.growth_chunk, 1), kChunkGranularity),
                                   kChunkGranularity);
   deferred_ = cfg_.free_mode == FreeMode::deferred;
@@ -55,6 +58,14 @@ DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolOb
 
 DevicePool::~DevicePool() {
   thread_caches::remove_owner(id_);
+  // Last, once what the pool holds has gone back below: the account forgets its part.
+  struct Settle {
+    DevicePool* pool;
+    ~Settle() {
+      pool->account_->add(-static_cast<std::int64_t>(pool->posted_));
+      pool->posted_ = 0;
+    }
+  } settle{this};
   if (abandoned_) return;
   if (vmm_) {
     if (vmm_size_ == 0) return;
@@ -288,6 +299,8 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
   if (need > left || need < bytes) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
   std::uint64_t chunk = std::max(need, step_);
   if (chunk > left) chunk = std::max(need, round_down(left, kChunkGranularity));
+  // Another pool of the device (another context) may have taken the room since headroom().
+  if (!take_locked(chunk)) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
 
   transit_ += chunk;
   ++growing_;
@@ -333,6 +346,7 @@ DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
     prealloc_done_ = true;
     return {};
   }
+  if (!take_locked(want)) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
   prealloc_busy_ = true;
   transit_ += want;
   ++growing_;
@@ -492,7 +506,7 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
       granules_.untouch(p, bytes, 0);
       sub_.free(p);
     };
-    if (need > headroom()) {
+    if (need > headroom() || !take_locked(need)) {
       for (const Granules::Run& r : runs) granules_.end_map(r, false);
       undo();
       return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
@@ -1022,7 +1036,7 @@ std::uint64_t DevicePool::external() const {
 bool DevicePool::try_charge_external(std::size_t bytes) {
   Lock lk(mu_);
   for (bool given_back = false;;) {
-    if (bytes <= headroom()) {
+    if (bytes <= headroom() && take_locked(bytes)) {
       external_ += bytes;
       return true;
     }
@@ -1030,17 +1044,26 @@ bool DevicePool::try_charge_external(std::size_t bytes) {
     if (wait_for_growth(lk)) continue;
     if (!given_back) {
       given_back = true;
-      reclaim_caches_locked();
-      retire_ready();
-      while (!quarantine_.empty() && wait_oldest_fence(lk, true)) {
-      }
-      give_back_free(lk, false);
+      give_back_idle_locked(lk);
       continue;
     }
     if (!wait_for_transit(lk)) break;
   }
   emit(PoolEvent::Kind::oom, bytes, 0, now(), 0, has_limit_ ? OomClass::limit : OomClass::device);
   return false;
+}
+
+void DevicePool::give_back_idle_locked(Lock& lk) {
+  reclaim_caches_locked();
+  retire_ready();
+  while (!quarantine_.empty() && wait_oldest_fence(lk, true)) {
+  }
+  give_back_free(lk, false);
+}
+
+void DevicePool::give_back_idle() {
+  Lock lk(mu_);
+  if (!abandoned_) give_back_idle_locked(lk);
 }
 
 bool DevicePool::has_room(std::size_t bytes) const {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config.h"
+#include "device_account.h"
 #include "granules.h"
 #include "pool_events.h"
 #include "quarantine.h"
@@ -44,7 +45,10 @@ class DevicePool final : public ThreadCacheOwner {
   // A time source (ns). Default: the trace's EventClock (CLOCK_MONOTONIC). Tests and replay inject their own.
   using Clock = std::uint64_t (*)(void* ctx);
 
-  DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer);
+  // `account`: what the process holds on the device, shared with its other pools and with memory
+  // no context names (ProcessMemory's); nullptr: the pool keeps an account of its own.
+  DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
+             DeviceAccount* account = nullptr);
   ~DevicePool();
   DevicePool(const DevicePool&) = delete;
   DevicePool& operator=(const DevicePool&) = delete;
@@ -71,6 +75,10 @@ class DevicePool final : public ThreadCacheOwner {
   // the cap. try_charge_external gives back wholly free chunks before it refuses.
   bool try_charge_external(std::size_t bytes);
   bool has_room(std::size_t bytes) const;  // under the cap as things stand (nothing given back)
+  // What the pool holds that nothing uses goes back (thread caches, the quarantine once its
+  // fences retire, wholly free chunks but the preallocated one): room for a charge elsewhere on
+  // the device (memory that names the device but no context).
+  void give_back_idle();
   void uncharge_external(std::size_t bytes);
   // Memory the driver has already handed out where no admission could come first (graph memory
   // the driver reports after the fact): counted, whatever the cap says.
@@ -134,6 +142,7 @@ class DevicePool final : public ThreadCacheOwner {
     }
     void reset_after_fork() noexcept { spin_.reset_after_fork(); }
     void unlock() noexcept {
+      pool_->post_locked();
       if (pool_->observer_ && !pool_->snapshot_fresh_) pool_->publish_state_locked(pool_->state_locked());
       spin_.unlock();
     }
@@ -156,7 +165,27 @@ class DevicePool final : public ThreadCacheOwner {
     const std::uint64_t taken = sub_.in_use() + sub_.held();
     return vmm_ ? (granules_.mapped_bytes() > taken ? granules_.mapped_bytes() - taken : 0) : sub_.free_bytes();
   }
-  std::uint64_t headroom() const { return cap_ > charged() ? cap_ - charged() : 0; }
+  // What the device's account holds, with this pool's part as it is now (not as last posted).
+  std::uint64_t device_charged() const {
+    const std::uint64_t all = account_->charged();
+    return (all > posted_ ? all - posted_ : 0) + charged();
+  }
+  std::uint64_t headroom() const { return cap_ > device_charged() ? cap_ - device_charged() : 0; }
+  // Tells the device's account what charged() became (at every unlock).
+  void post_locked() const {
+    const std::uint64_t now = charged();
+    if (now == posted_) return;
+    account_->add(static_cast<std::int64_t>(now) - static_cast<std::int64_t>(posted_));
+    posted_ = now;
+  }
+  // The admission of `bytes` more, atomic across the device's pools: true when they fit under
+  // the cap, and the caller then adds them to transit_ or external_.
+  bool take_locked(std::uint64_t bytes) {
+    post_locked();
+    if (!account_->try_take(bytes)) return false;
+    posted_ += bytes;
+    return true;
+  }
   bool may_grow() const;
   PoolStats state_locked() const;
   PoolStats reported_state_locked() const;  // state_locked(), published: the caller unlocks next
@@ -199,6 +228,7 @@ class DevicePool final : public ThreadCacheOwner {
   std::uint64_t unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait);
   void cover_idle();
 
+  void give_back_idle_locked(Lock& lk);
   void check_idle(Lock& lk);
   void seal_pending(bool from_free = false);
   void retire_through(std::uint64_t seq);
@@ -218,6 +248,9 @@ class DevicePool final : public ThreadCacheOwner {
   std::uint64_t device_total_ = 0;
   std::uint64_t cap_ = 0;
   bool has_limit_ = false;
+  std::unique_ptr<DeviceAccount> own_account_;  // when no shared account was given
+  DeviceAccount* account_ = nullptr;
+  mutable std::uint64_t posted_ = 0;  // charged() as account_ last heard it (under mu_)
   std::uint64_t transit_ = 0;   // bytes being reserved or released outside the lock
   int growing_ = 0;             // reservations (grow, preallocate) in flight
   // Signalled when a reservation or a release in flight lands: a thread that could not fit

@@ -175,7 +175,8 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
                                                             cfg_.policy == PolicyKind::growth);
     pool_upstream = record->budgeted.get();
   }
-  record->pool = std::make_unique<DevicePool>(cfg_, record->device, *pool_upstream, observer_);
+  record->pool = std::make_unique<DevicePool>(cfg_, record->device, *pool_upstream, observer_,
+                                              &account(record->device, record->device_total));
   ContextMemory* c = record.get();
   records_.push_back(std::move(record));
   if (slot < 0) slot = n;
@@ -252,9 +253,53 @@ AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const ch
   return r;
 }
 
-void ProcessMemory::remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner) {
+void ProcessMemory::remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner, int device) {
   std::lock_guard lock(outside_mutex_);
-  outside_[key] = Outside{bytes, owner};
+  outside_[key] = Outside{bytes, owner, device};
+}
+
+DeviceAccount& ProcessMemory::account(int device, std::uint64_t device_total) {
+  std::lock_guard lock(accounts_mutex_);
+  std::unique_ptr<DeviceAccount>& a = accounts_[device];
+  if (!a) {
+    const auto limit = cfg_.limit.for_device(device);
+    a = std::make_unique<DeviceAccount>(limit ? limit->resolve(device_total) : device_total);
+  }
+  return *a;
+}
+
+DeviceAccount* ProcessMemory::find_account(int device) const {
+  std::lock_guard lock(accounts_mutex_);
+  auto it = accounts_.find(device);
+  return it == accounts_.end() ? nullptr : it->second.get();
+}
+
+OutsideAnswer ProcessMemory::admit_on_device(int device, std::uint64_t device_total, std::uint64_t bytes,
+                                             const char* api) {
+  DeviceAccount& a = account(device, device_total);
+  bool taken = a.try_take(bytes);
+  if (!taken) {  // the device's pools give back what nothing uses, then once more
+    for_each([&](ContextMemory& c) {
+      if (c.device == device) c.pool->give_back_idle();
+    });
+    taken = a.try_take(bytes);
+  }
+  if (!taken) {
+    warn_device_oom(device, api, bytes, OomClass::limit, a);
+    return OutsideAnswer::refused_by_cap;
+  }
+  if (share_ && !share_->admit(device, device_total, bytes, cfg_.share_wait_ns)) {
+    a.add(-static_cast<std::int64_t>(bytes));
+    share_->note_oom();
+    warn_device_oom(device, api, bytes, OomClass::share, a);
+    return OutsideAnswer::refused_by_share;
+  }
+  return OutsideAnswer::ok;
+}
+
+void ProcessMemory::unadmit_on_device(int device, std::uint64_t bytes) {
+  if (DeviceAccount* a = find_account(device)) a->add(-static_cast<std::int64_t>(bytes));
+  if (share_) share_->release(device, bytes);
 }
 
 OutsideAnswer ProcessMemory::admit_outside(ContextMemory& c, std::uint64_t bytes, const char* api) {
@@ -284,7 +329,7 @@ void ProcessMemory::charge_outside(ContextMemory& c, std::uint64_t bytes) {
   if (share_) share_->add(c.device, bytes);
 }
 
-bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, ContextMemory** owner) {
+bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, ContextMemory** owner, int* device) {
   Outside o{};
   {
     std::lock_guard lock(outside_mutex_);
@@ -294,22 +339,25 @@ bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, Cont
     outside_.erase(it);
   }
   if (o.owner) unadmit_outside(*o.owner, o.bytes);
+  else if (o.device >= 0) unadmit_on_device(o.device, o.bytes);
   if (bytes) *bytes = o.bytes;
   if (owner) *owner = o.owner;
+  if (device) *device = o.device;
   return true;
 }
 
 void ProcessMemory::given_back(std::uint64_t handle) {
   std::uint64_t bytes = 0;
   ContextMemory* owner = nullptr;
-  if (!forget_outside(handle, &bytes, &owner) || observer_ == nullptr) return;
+  int device = -1;
+  if (!forget_outside(handle, &bytes, &owner, &device) || observer_ == nullptr) return;
   PoolEvent e;
   e.kind = PoolEvent::Kind::vmm_given_back;
   e.t_ns = EventClock::now();
   e.size = bytes;
   e.ptr = handle;
   e.tid = current_thread_id();
-  e.device = owner ? owner->device : -1;
+  e.device = owner ? owner->device : device;
   observer_->pool_event(e);
 }
 
@@ -327,6 +375,23 @@ bool ProcessMemory::mem_info(ContextMemory* c, std::size_t* free, std::size_t* t
       *free = std::min<std::uint64_t>(*free, *room + own_free);
     }
   }
+  return true;
+}
+
+bool ProcessMemory::mem_info_device(int device, std::uint64_t device_total, std::uint64_t device_free,
+                                    std::size_t* free, std::size_t* total) {
+  if (free == nullptr || total == nullptr || device < 0) return false;
+  // A device the process never charged anything to keeps the driver's answer, as one it never used does.
+  DeviceAccount* a = find_account(device);
+  if (a == nullptr) return false;
+  const auto limit = cfg_.limit.for_device(device);
+  const std::uint64_t cap = a->cap();
+  const std::uint64_t held = a->charged();
+  std::uint64_t f = std::min<std::uint64_t>(cap > held ? cap - held : 0, device_free);
+  if (share_)
+    if (const auto room = share_->room(device, device_total)) f = std::min<std::uint64_t>(f, *room);
+  *total = limit ? cap : device_total;
+  *free = std::min<std::uint64_t>(f, *total);
   return true;
 }
 
@@ -386,6 +451,10 @@ void ProcessMemory::child_after_fork(const std::function<void(ContextMemory&)>& 
   if (vmm_cache_.load(std::memory_order_acquire))
     vmm_cache_.store(new VmmCache(*vmm_driver_, cfg_.free_mode), std::memory_order_release);
   outside_.clear();
+  {
+    std::lock_guard lock(accounts_mutex_);  // taken by no thread but this one in the child
+    for (auto& [device, a] : accounts_) a->reset();
+  }
   outside_mutex_.unlock();
   contexts_mutex_.unlock();
 }
@@ -418,6 +487,21 @@ std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api,
   return std::string("out of memory on device ") + std::to_string(c.device) + ": " + api + " of " +
          human_bytes(size) + " refused (" + why + "); reserved " + human_bytes(s.reserved) + ", in use " +
          human_bytes(s.in_use) + ", " + std::to_string(s.free_blocks) + " free blocks";
+}
+
+void ProcessMemory::warn_device_oom(int device, const char* api, std::uint64_t size, OomClass oom,
+                                    const DeviceAccount& a) const {
+  if (!warnings_) return;
+  std::string message = std::string("out of memory on device ") + std::to_string(device) + ": " + api + " of " +
+                        human_bytes(size) + " refused (";
+  message += oom == OomClass::share ? "share: the shared budget has no room"
+                                    : "limit: the cap of " + human_bytes(a.cap()) + " would be exceeded";
+  message += "); the process holds " + human_bytes(a.charged()) + " on the device (memory that names its device, "
+             "made on a thread with no context there)";
+  if (oom == OomClass::share && share_)
+    message += "; budget \"" + share_->name() + "\" on device " + std::to_string(device) + " is held by " +
+               share_->holders(device);
+  log_warn(message);
 }
 
 void ProcessMemory::warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const {

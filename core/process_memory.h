@@ -19,6 +19,7 @@
 #include <unordered_map>
 
 #include "config.h"
+#include "device_account.h"
 #include "device_pool.h"
 #include "pool_events.h"
 #include "shared_budget.h"
@@ -87,15 +88,26 @@ class ProcessMemory {
   // A refusal is warned about (`api` names the call).
   AllocResult allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state = nullptr);
 
-  // ---- memory outside the pools. `c` may be nullptr (no context: nothing is charged).
+  // ---- the device's account: what the process holds there, across its contexts and memory that
+  // names the device but no context. Made at first use; `device_total` resolves a percent cap.
+  DeviceAccount& account(int device, std::uint64_t device_total);
+
+  // ---- memory outside the pools. `c` may be nullptr (no context and no device: nothing is charged).
   // `call` makes the allocation and returns how it went and, on success, the key its free will
   // name (pointer or handle). Charged against the cap first; a driver short of memory gets the
   // kept VMM mappings back and one more try.
   template <typename Call>
   OutsideAnswer allocate_outside(ContextMemory* c, std::uint64_t bytes, const char* api, Call&& call);
-  // A pointer or handle the driver has freed: if it was counted, it is uncharged. Returns its bytes
-  // and owner (false: not known).
-  bool forget_outside(std::uint64_t key, std::uint64_t* bytes = nullptr, ContextMemory** owner = nullptr);
+  // Memory outside the pools that names its device but no context (cuMemCreate's location from a
+  // thread with no current context, or one current on another device; a stream's device): charged
+  // to the device's account and the shared budget as allocate_outside charges a context's.
+  template <typename Call>
+  OutsideAnswer allocate_on_device(int device, std::uint64_t device_total, std::uint64_t bytes, const char* api,
+                                   Call&& call);
+  // A pointer or handle the driver has freed: if it was counted, it is uncharged. Returns its bytes,
+  // owner (nullptr for memory charged to a device alone) and device (false: not known).
+  bool forget_outside(std::uint64_t key, std::uint64_t* bytes = nullptr, ContextMemory** owner = nullptr,
+                      int* device = nullptr);
   // Memory the driver takes on its own during a call, outside any allocation (graph memory):
   // the most it could take is admitted first, against the cap and the shared budget as
   // allocate_outside does (ok, refused_by_cap or refused_by_share), and unadmitted after the
@@ -108,6 +120,10 @@ class ProcessMemory {
   // ---- memory info: total is the cap, free what the process could still get. False when the
   // process is not governed (pure passthrough with no cap): the driver's answer stands.
   bool mem_info(ContextMemory* c, std::size_t* free, std::size_t* total) const;
+  // The same for a device on which the process has no context but holds memory that names the
+  // device (false if it never did: the driver's answer stands). `device_free`: the driver's free.
+  bool mem_info_device(int device, std::uint64_t device_total, std::uint64_t device_free, std::size_t* free,
+                       std::size_t* total);
 
   // ---- the VMM mapping cache (nullptr when off: passthrough, CUPOOL_VMM_CACHE=off, no driver)
   VmmCache* vmm_cache();
@@ -131,7 +147,8 @@ class ProcessMemory {
  private:
   struct Outside {
     std::uint64_t bytes;
-    ContextMemory* owner;
+    ContextMemory* owner;  // nullptr: charged to `device` alone, or (device -1) not charged
+    int device;
   };
   // The VmmDriver the cache calls: the caller's, and a released handle is uncharged.
   class ChargingVmm final : public VmmDriver {
@@ -151,8 +168,12 @@ class ProcessMemory {
   };
 
   void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const;
+  void warn_device_oom(int device, const char* api, std::uint64_t size, OomClass oom, const DeviceAccount& a) const;
   static std::uint64_t device_total(const ContextMemory& c);
-  void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner);
+  void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner, int device);
+  OutsideAnswer admit_on_device(int device, std::uint64_t device_total, std::uint64_t bytes, const char* api);
+  void unadmit_on_device(int device, std::uint64_t bytes);
+  DeviceAccount* find_account(int device) const;
   // The VMM cache gave a kept mapping's handle back to the driver: uncharged, and a `vmm_release`
   // event of cupool's own says so (reports count kept mappings as reserved until then).
   void given_back(std::uint64_t handle);
@@ -174,6 +195,9 @@ class ProcessMemory {
   std::mutex contexts_mutex_;  // making and dropping records only
   std::vector<std::unique_ptr<ContextMemory>> records_;
 
+  mutable std::mutex accounts_mutex_;
+  std::unordered_map<int, std::unique_ptr<DeviceAccount>> accounts_;  // never erased: pools point in
+
   mutable std::mutex outside_mutex_;
   std::unordered_map<std::uint64_t, Outside> outside_;
 };
@@ -187,8 +211,20 @@ OutsideAnswer ProcessMemory::allocate_outside(ContextMemory* c, std::uint64_t by
   std::uint64_t key = 0;
   OutsideAnswer answer = call(&key);
   if (answer == OutsideAnswer::out_of_memory && vmm_evict(c) > 0) answer = call(&key);  // the same, with room
-  if (answer == OutsideAnswer::ok) remember_outside(key, bytes, c);
+  if (answer == OutsideAnswer::ok) remember_outside(key, bytes, c, c ? c->device : -1);
   else if (c) unadmit_outside(*c, bytes);
+  return answer;
+}
+
+template <typename Call>
+OutsideAnswer ProcessMemory::allocate_on_device(int device, std::uint64_t device_total, std::uint64_t bytes,
+                                                const char* api, Call&& call) {
+  const OutsideAnswer admitted = admit_on_device(device, device_total, bytes, api);
+  if (admitted != OutsideAnswer::ok) return admitted;
+  std::uint64_t key = 0;
+  const OutsideAnswer answer = call(&key);
+  if (answer == OutsideAnswer::ok) remember_outside(key, bytes, nullptr, device);
+  else unadmit_on_device(device, bytes);
   return answer;
 }
 

@@ -7,6 +7,8 @@
 
 #include "trace_schema.h"
 
+struct link_map;
+
 namespace cupool::shim {
 
 enum class HookId : int {
@@ -62,6 +64,28 @@ void* runtime_function(const char* symbol);
 // function of `beside` (the process may have dlopened it locally), else the loaded libnvidia-ml.
 // nullptr if the process has not loaded NVML.
 void* nvml_function(const char* symbol, HookId beside);
+
+// A handle the dynamic linker can search, for the loaded object that holds an address: always
+// dlopen(its path, RTLD_NOLOAD), never its link_map. A link_map of an object loaded at start-up
+// (DT_NEEDED) has an empty search list, and glibc's dlsym faults on it (issue 25: every program
+// linked against NVML crashed in its first memory query). Closed again when this goes.
+class ObjectHandle {
+ public:
+  explicit ObjectHandle(const void* addr);
+  explicit ObjectHandle(const link_map* object);
+  ~ObjectHandle();
+  ObjectHandle(const ObjectHandle&) = delete;
+  ObjectHandle& operator=(const ObjectHandle&) = delete;
+  // `symbol` as this object itself defines it (a definition found in one of its dependencies
+  // does not count); nullptr if it has none or no handle could be had.
+  void* own_symbol(const char* symbol) const;
+
+ private:
+  const link_map* object_ = nullptr;
+  void* handle_ = nullptr;
+};
+// The loaded object holding `addr` (to compare objects only: never a handle).
+const link_map* object_of(const void* addr);
 
 }  // namespace cupool::shim
 

@@ -6,8 +6,10 @@
 // (hooks_memory.h). Virtual-memory hooks: hooks_vmm.cpp.
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 
 #include "hook_table.h"
 #include "hooks_internal.h"
@@ -32,6 +34,36 @@ ContextPool* runtime_pool() {
 ContextPool* driver_pool() {
   CUresult rc = CUDA_SUCCESS;
   return current_pool(&rc);
+}
+
+ContextPool* pool_of_context(CUcontext ctx) {
+  if (ContextPool* cp = existing_pool(ctx)) return cp;
+  // The context is not this thread's: made current for the moment describe_context needs it,
+  // then the thread's own is current again (no call of the program sees the difference).
+  const DriverCalls& d = driver();
+  if (!d.ok || d.ctx_push(ctx) != CUDA_SUCCESS) return nullptr;
+  CUresult rc = CUDA_SUCCESS;
+  ContextPool* cp = current_pool(&rc);
+  CUcontext popped = nullptr;
+  d.ctx_pop(&popped);
+  return cp;
+}
+
+Placement placed_on_device(int device) {
+  if (device < 0) return {};
+  if (ContextPool* cp = driver_pool(); cp && cp->device == device) return cp;
+  return Placement::on_device(device);
+}
+
+std::uint64_t device_total_memory(int device) {
+  constexpr int kKept = 64;
+  static std::atomic<std::uint64_t> kept[kKept] = {};
+  if (device >= 0 && device < kKept)
+    if (const std::uint64_t t = kept[device].load(std::memory_order_relaxed)) return t;
+  std::size_t total = 0;
+  if (driver().device_total_mem == nullptr || driver().device_total_mem(&total, device) != CUDA_SUCCESS) return 0;
+  if (device >= 0 && device < kKept) kept[device].store(total, std::memory_order_relaxed);
+  return total;
 }
 
 bool capture_forbids_here() { return captures().any() && captures().prohibited_here(); }
@@ -64,17 +96,18 @@ auto outermost(bool args_ok, RealCall&& real_call, Body&& body) -> decltype(real
 
 // An allocation outside the pools: charged, then the driver's. `stream`: the API's stream, if any.
 template <typename Api, typename Out, typename RealCall>
-typename Api::Code allocate_outside_hook(Path path, const char* api, Out* out, std::uint64_t bytes, ContextPool* cp,
+typename Api::Code allocate_outside_hook(Path path, const char* api, Out* out, std::uint64_t bytes, Placement where,
                                          RealCall&& real_call, const void* const* stream = nullptr) {
   HookEvent ev(EventKind::alloc, api, path);
   if (stream) ev.stream(*stream);
   std::uint64_t key = 0;
-  const auto rc = external_allocate<Api>(cp, bytes, api, &key, [&] {
+  const auto rc = external_allocate<Api>(where, bytes, api, &key, [&] {
     const auto r = real_call();
     key = address(*out);
     return r;
   });
-  ev.done(rc, bytes, rc == Api::ok ? key : 0, cp);
+  ev.r.device = static_cast<std::int16_t>(where.device);
+  ev.done(rc, bytes, rc == Api::ok ? key : 0, where.cp);
   return rc;
 }
 
@@ -115,7 +148,9 @@ typename Api::Code free_outside_hook(Path path, const char* api, std::uint64_t k
   const auto rc = real_call();
   std::uint64_t bytes = 0;
   ContextPool* owner = nullptr;
-  if (rc == Api::ok) forget_external(key, &bytes, &owner);
+  int device = -1;
+  if (rc == Api::ok) forget_external(key, &bytes, &owner, &device);
+  ev.r.device = static_cast<std::int16_t>(device);
   ev.done(rc, bytes, key, owner);
   return rc;
 }
@@ -144,7 +179,9 @@ typename Api::Code free_any(Path path, const char* api, std::uint64_t ptr, RealF
   const auto rc = real_free();
   std::uint64_t bytes = 0;
   ContextPool* owner = nullptr;
-  if (rc == Api::ok) forget_external(ptr, &bytes, &owner);
+  int device = -1;
+  if (rc == Api::ok) forget_external(ptr, &bytes, &owner, &device);
+  ev.r.device = static_cast<std::int16_t>(device);
   ev.done(rc, bytes, ptr, owner);
   return rc;
 }
@@ -172,13 +209,47 @@ bool graph_node(const void* stream, bool per_thread) {
   return captures().captures_work_on(s);
 }
 
+// The device of each memory pool the process made (cuMemPoolCreate names it): an allocation from
+// the pool is charged there. Pools are few and live long; a destroyed pool's entry stays, and is
+// overwritten if the driver hands the same handle out again.
+std::mutex g_mempools_mu;
+auto* g_mempool_device = new std::unordered_map<std::uint64_t, int>;  // never destroyed: hooks may run at exit
+
+int mempool_device(CUmemoryPool pool) {
+  std::lock_guard lock(g_mempools_mu);
+  auto it = g_mempool_device->find(address(pool));
+  return it == g_mempool_device->end() ? -1 : it->second;
+}
+
+// Where a stream-ordered allocation takes its memory: the pool's device for a pool the process
+// made, else the stream's context's (cuMemAllocAsync takes the current pool of the stream's
+// device). The default streams are the calling thread's context's; a stream names its own
+// context (cuStreamGetCtx), which need not be current on this thread, or on any.
+template <typename Api>
+Placement stream_ordered_placement(const void* stream, CUmemoryPool pool) {
+  const CUstream s = static_cast<CUstream>(const_cast<void*>(stream));
+  Placement where;
+  if (s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
+    where = Api::context(~std::uint64_t{0});
+  } else {
+    using GetCtx = CUresult (*)(CUstream, CUcontext*);
+    static const auto get_ctx = reinterpret_cast<GetCtx>(driver_function("cuStreamGetCtx"));
+    CUcontext ctx = nullptr;
+    if (get_ctx && get_ctx(s, &ctx) == CUDA_SUCCESS && ctx != nullptr) where = pool_of_context(ctx);
+    if (where.cp == nullptr && where.device < 0) where = Api::context(~std::uint64_t{0});  // as before: the thread's
+  }
+  if (pool != nullptr)
+    if (const int d = mempool_device(pool); d >= 0 && d != where.device) where = placed_on_device(d);
+  return where;
+}
+
 // cudaMallocAsync and cuMemAlloc(FromPool)Async, legacy and per-thread flavours.
 template <typename Api, typename Ptr, typename Stream, typename RealCall>
 typename Api::Code stream_ordered_alloc(Path path, const char* api, bool per_thread, Ptr* out, std::size_t bytes,
-                                        Stream stream, RealCall&& real_call) {
+                                        Stream stream, RealCall&& real_call, CUmemoryPool pool = nullptr) {
   const void* s = stream;
   return outermost(out != nullptr && !graph_node(s, per_thread), real_call, [&] {
-    return allocate_outside_hook<Api>(path, api, out, bytes, Api::context(~std::uint64_t{0}), real_call, &s);
+    return allocate_outside_hook<Api>(path, api, out, bytes, stream_ordered_placement<Api>(s, pool), real_call, &s);
   });
 }
 
@@ -378,17 +449,28 @@ CUresult cuMemAllocAsync_ptsz(Path path, CUdeviceptr* dptr, size_t bytesize, CUs
 }
 CUresult cuMemAllocFromPoolAsync(Path path, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
   auto real = CUPOOL_REAL(cuMemAllocFromPoolAsync);
-  return stream_ordered_alloc<DriverApi>(path, "cuMemAllocFromPoolAsync", false, dptr, bytesize, stream, [&] {
-    return real ? real(dptr, bytesize, pool, stream) : DriverApi::no_library;
-  });
+  return stream_ordered_alloc<DriverApi>(
+      path, "cuMemAllocFromPoolAsync", false, dptr, bytesize, stream,
+      [&] { return real ? real(dptr, bytesize, pool, stream) : DriverApi::no_library; }, pool);
 }
 CUresult cuMemAllocFromPoolAsync_ptsz(Path path, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream stream) {
   auto real = CUPOOL_REAL(cuMemAllocFromPoolAsync_ptsz);
-  return stream_ordered_alloc<DriverApi>(path, "cuMemAllocFromPoolAsync_ptsz", true, dptr, bytesize, stream, [&] {
-    return real ? real(dptr, bytesize, pool, stream) : DriverApi::no_library;
-  });
+  return stream_ordered_alloc<DriverApi>(
+      path, "cuMemAllocFromPoolAsync_ptsz", true, dptr, bytesize, stream,
+      [&] { return real ? real(dptr, bytesize, pool, stream) : DriverApi::no_library; }, pool);
 }
+// Recorded at every depth (the runtime's cudaMemPoolCreate comes here from inside its own call).
+CUresult cuMemPoolCreate(Path, CUmemoryPool* pool, const CUmemPoolProps* props) {
+  auto real = CUPOOL_REAL(cuMemPoolCreate);
+  const CUresult rc = real ? real(pool, props) : DriverApi::no_library;
+  if (rc == CUDA_SUCCESS && pool && props && props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+    std::lock_guard lock(g_mempools_mu);
+    (*g_mempool_device)[address(*pool)] = props->location.id;
+  }
+  return rc;
+}
+
 CUresult cuMemFreeAsync(Path path, CUdeviceptr dptr, CUstream stream) {
   auto real = CUPOOL_REAL(cuMemFreeAsync);
   return stream_ordered_free<DriverApi>(path, "cuMemFreeAsync", false, dptr, stream, [&] {

@@ -54,6 +54,7 @@ CUPOOL_EXPORT(CUresult, cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr* p, size_t n,
               p, n, m, s)
 CUPOOL_EXPORT(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s), p, s)
 CUPOOL_EXPORT(CUresult, cuMemFreeAsync_ptsz, (CUdeviceptr p, CUstream s), p, s)
+CUPOOL_EXPORT(CUresult, cuMemPoolCreate, (CUmemoryPool* p, const CUmemPoolProps* props), p, props)
 CUPOOL_EXPORT(CUresult, cuMemCreate,
               (CUmemGenericAllocationHandle* h, size_t n, const CUmemAllocationProp* prop, unsigned long long f),
               h, n, prop, f)

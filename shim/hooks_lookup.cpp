@@ -37,15 +37,12 @@ void* lookup_next(const void* caller, const char* name) {
   DlsymFn dl = real_dlsym();
   void* fn = dl(RTLD_NEXT, name);
   if (fn == nullptr) return nullptr;
-  Dl_info info;
-  link_map* caller_map = nullptr;
-  link_map* found_map = nullptr;
-  if (dladdr1(caller, &info, reinterpret_cast<void**>(&caller_map), RTLD_DL_LINKMAP) == 0 ||
-      dladdr1(fn, &info, reinterpret_cast<void**>(&found_map), RTLD_DL_LINKMAP) == 0 || caller_map != found_map)
-    return fn;
-  // In glibc a link_map is the object's handle.
-  for (link_map* m = caller_map->l_next; m != nullptr; m = m->l_next)
-    if (void* next = dl(m, name)) return next;
+  const link_map* caller_object = object_of(caller);
+  if (caller_object == nullptr || caller_object != object_of(fn)) return fn;
+  // The objects after the caller's, in load order, each searched through a real handle (a
+  // link_map is none: issue 25). Reading the chain is safe; handing its links to dlsym is not.
+  for (const link_map* m = caller_object->l_next; m != nullptr; m = m->l_next)
+    if (void* next = ObjectHandle(m).own_symbol(name)) return next;
   return nullptr;
 }
 

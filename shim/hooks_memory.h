@@ -96,6 +96,9 @@ inline bool pooled() { return memory().pooled(); }
 // on a thread with no context creates the device's primary context (cudaFree(NULL) does that).
 ContextPool* runtime_pool();
 ContextPool* driver_pool();
+// The pool of `ctx`, which need not be current on this thread (made if need be); nullptr if the
+// driver does not know the context.
+ContextPool* pool_of_context(CUcontext ctx);
 
 // A stream capture in progress forbids this thread "unsafe" calls (cudaMalloc, cudaFree and
 // their driver twins among them): the driver would refuse the program's own call and invalidate
@@ -107,9 +110,31 @@ bool capture_forbids_here();
 void set_runtime_last_error_oom();
 
 // A pointer or handle cupool did not hand out and the driver has freed: uncharged if it was counted.
-inline void forget_external(std::uint64_t key, std::uint64_t* bytes, ContextPool** owner) {
-  memory().forget_outside(key, bytes, owner);
+// `device`: where it was charged (-1: not known, or not charged).
+inline void forget_external(std::uint64_t key, std::uint64_t* bytes, ContextPool** owner, int* device = nullptr) {
+  memory().forget_outside(key, bytes, owner, device);
 }
+
+// Where an allocation outside the pools is charged. A call that names its device (cuMemCreate's
+// location, a memory pool's device, a stream's context) is charged there whatever context the
+// calling thread has, or none (issue 25): to `cp` when a context of the process on that device
+// is known, else to the device's account alone (`device`). Neither: not charged (host memory, or
+// a call the driver will refuse).
+struct Placement {
+  ContextPool* cp = nullptr;
+  int device = -1;
+  Placement() = default;
+  Placement(ContextPool* c) : cp(c), device(c ? c->device : -1) {}  // NOLINT: a context names its device
+  static Placement on_device(int d) {
+    Placement p;
+    p.device = d;
+    return p;
+  }
+};
+// The calling thread's context if it is on `device`, else the device's account.
+Placement placed_on_device(int device);
+// The device's memory in bytes (cuDeviceTotalMem_v2, which needs no context): a percent cap's base.
+std::uint64_t device_total_memory(int device);
 
 // The API a hook implements, as the one body of a runtime hook and its driver twin needs it:
 // its result type and codes, where its context comes from, and what a refusal of cupool's own
@@ -138,19 +163,24 @@ struct DriverApi {
 };
 
 // Runs a driver allocation outside the pools (managed, stream-ordered, VMM, arrays, passthrough)
-// through ProcessMemory, which charges the cap first. `call` returns the API's code and leaves
+// through ProcessMemory, which charges the cap first (`where`: see Placement). `call` returns the API's code and leaves
 // the new pointer or handle in *key. A refusal of cupool's own (the cap, the shared budget) is the API's
 // out-of-memory, with what Api::refused_here leaves behind.
 template <typename Api, typename Call>
-typename Api::Code external_allocate(ContextPool* cp, std::uint64_t bytes, const char* api, std::uint64_t* key,
+typename Api::Code external_allocate(Placement where, std::uint64_t bytes, const char* api, std::uint64_t* key,
                                      Call&& call) {
   typename Api::Code rc = Api::out_of_memory;
-  const OutsideAnswer answer = memory().allocate_outside(cp, bytes, api, [&](std::uint64_t* made) {
+  auto made = [&](std::uint64_t* out) {
     rc = call();
-    *made = *key;
+    *out = *key;
     return rc == Api::ok ? OutsideAnswer::ok
                          : rc == Api::out_of_memory ? OutsideAnswer::out_of_memory : OutsideAnswer::failed;
-  });
+  };
+  // A device the driver cannot size is one it will refuse: nothing to charge.
+  const std::uint64_t device_total = where.cp == nullptr && where.device >= 0 ? device_total_memory(where.device) : 0;
+  const OutsideAnswer answer = device_total > 0
+                                   ? memory().allocate_on_device(where.device, device_total, bytes, api, made)
+                                   : memory().allocate_outside(where.cp, bytes, api, made);
   if (answer == OutsideAnswer::refused_by_cap || answer == OutsideAnswer::refused_by_share) {
     Api::refused_here();
     return Api::out_of_memory;

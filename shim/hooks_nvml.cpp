@@ -108,16 +108,23 @@ nvmlReturn_t memory_info_hook(Path path, const char* api, HookId id, nvmlDevice_
   HookEvent ev(EventKind::mem_info, api, path);
   const nvmlReturn_t rc = real(device, out);
   ContextPool* cp = nullptr;
+  int d_known = -1;
   if (rc == NVML_SUCCESS) {
-    if (const int d = cuda_device_of(device, id); d >= 0) cp = pool_on_device(d);
+    const int d = d_known = cuda_device_of(device, id);
+    if (d >= 0) cp = pool_on_device(d);
     std::size_t free = 0, total = 0;
-    if (memory().mem_info(cp, &free, &total)) {
+    // No context of the process on the device: memory that names the device alone may be held
+    // there (cuMemCreate from a thread with no context), under the same cap.
+    const bool governed = cp ? memory().mem_info(cp, &free, &total)
+                             : d >= 0 && memory().mem_info_device(d, device_total_memory(d), out->free, &free, &total);
+    if (governed) {
       out->total = total;
       out->free = free;
       out->used = total - free;  // mem_info never answers free > total
       if constexpr (std::is_same_v<Memory, nvmlMemory_v2_t>) out->reserved = 0;
     }
   }
+  if (cp == nullptr && d_known >= 0) ev.r.device = static_cast<std::int16_t>(d_known);
   ev.done(rc, rc == NVML_SUCCESS ? out->free : 0, 0, cp);
   return rc;
 }

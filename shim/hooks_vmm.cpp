@@ -55,11 +55,15 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
   if (!scope.outermost() || handle == nullptr) return real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
   initialize();
   HookEvent ev(EventKind::vmm_create, "cuMemCreate", path);
-  ContextPool* cp = driver_pool();
+  // The memory is on the device prop->location names, which need not be the calling thread's
+  // context's, and the thread needs no context at all (issue 25): it is charged there. Host
+  // memory (a host location) is recorded and charged nowhere.
+  const bool on_device = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
+  const Placement where = on_device ? placed_on_device(prop->location.id) : Placement{};
+  ContextPool* cp = where.cp;
   VmmCache* cache = vmm_cache();
   // Recycled only on the device of the context, whose fences cover the work that used it.
-  const bool cacheable = cache && cp && prop && flags == 0 && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
-                         prop->location.id == cp->device;
+  const bool cacheable = cache && cp && flags == 0;
   VmmProps key;
   if (cacheable) {
     key = pack_props(*prop);
@@ -71,13 +75,13 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
     }
   }
   std::uint64_t key_handle = 0;
-  CUresult rc = external_allocate<DriverApi>(cp, size, "cuMemCreate", &key_handle, [&] {
+  CUresult rc = external_allocate<DriverApi>(where, size, "cuMemCreate", &key_handle, [&] {
     CUresult r = real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
     key_handle = *handle;
     return r;
   });
   if (rc == CUDA_SUCCESS && cacheable) cache->created(cp->upstream, key_handle, size, key);
-  if (cp == nullptr && prop) ev.r.device = static_cast<std::int16_t>(prop->location.id);
+  ev.r.device = static_cast<std::int16_t>(where.device);
   ev.done(rc, size, rc == CUDA_SUCCESS ? key_handle : 0, cp);
   return rc;
 }
@@ -99,7 +103,9 @@ CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
   CUresult rc = real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
   std::uint64_t bytes = 0;
   ContextPool* owner = nullptr;
-  if (rc == CUDA_SUCCESS) forget_external(handle, &bytes, &owner);
+  int device = -1;
+  if (rc == CUDA_SUCCESS) forget_external(handle, &bytes, &owner, &device);
+  ev.r.device = static_cast<std::int16_t>(device);
   ev.done(rc, bytes, handle, owner);
   return rc;
 }

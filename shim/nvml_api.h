@@ -3,8 +3,11 @@
 // names, argument lists, struct layouts and codes are NVML's own. Also used by the simulated NVML
 // (test/sim/libnvml_sim.cpp) and the test programs, so that all of them agree on one ABI.
 #pragma once
+// Plain C too: the test programs include C monitors linked against NVML.
 
+#ifdef __cplusplus
 extern "C" {
+#endif
 
 typedef struct nvmlDevice_st* nvmlDevice_t;
 
@@ -53,4 +56,6 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t device, char* uuid, unsigned int len
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t device, nvmlMemory_t* memory);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t device, nvmlMemory_v2_t* memory);
 
+#ifdef __cplusplus
 }  // extern "C"
+#endif

@@ -174,17 +174,48 @@ void* runtime_function(const char* symbol) {
   return h ? dl(h, symbol) : nullptr;
 }
 
-void* nvml_function(const char* symbol, HookId beside) {
-  DlsymFn dl = real_dlsym();
+ObjectHandle::ObjectHandle(const void* addr) : ObjectHandle(object_of(addr)) {}
+
+ObjectHandle::ObjectHandle(const link_map* object) : object_(object) {
+  if (object == nullptr || object->l_name == nullptr) return;
+  // The main program's link_map comes first and has an empty name: dlopen(NULL) is its handle.
+  // Another without a path gives none (dlopen cannot name it).
+  const bool main_program = object->l_name[0] == '\0' && object->l_prev == nullptr;
+  if (main_program || object->l_name[0] != '\0')
+    handle_ = dlopen(main_program ? nullptr : object->l_name, RTLD_LAZY | RTLD_NOLOAD);
+}
+
+ObjectHandle::~ObjectHandle() {
+  if (handle_ != nullptr) dlclose(handle_);
+}
+
+void* ObjectHandle::own_symbol(const char* symbol) const {
+  if (handle_ == nullptr) return nullptr;
+  void* fn = real_dlsym()(handle_, symbol);
+  return fn != nullptr && object_of(fn) == object_ ? fn : nullptr;
+}
+
+const link_map* object_of(const void* addr) {
   Dl_info info;
   link_map* map = nullptr;
-  // In glibc a link_map is the object's handle.
-  if (void* sibling = real_function(beside);
-      sibling && dladdr1(sibling, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) != 0 && map)
-    if (void* fn = dl(map, symbol)) return fn;
+  if (addr == nullptr || dladdr1(addr, &info, reinterpret_cast<void**>(&map), RTLD_DL_LINKMAP) == 0) return nullptr;
+  return map;
+}
+
+void* nvml_function(const char* symbol, HookId beside) {
+  DlsymFn dl = real_dlsym();
+  // The NVML the process uses is the one holding the real function of `beside`: searched through
+  // a real handle of that object (issue 25: a link_map is no handle for one loaded at start-up).
+  if (void* sibling = real_function(beside)) {
+    ObjectHandle nvml(sibling);
+    if (void* fn = nvml.own_symbol(symbol)) return fn;
+  }
   if (void* fn = dl(RTLD_NEXT, symbol)) return fn;
   void* h = library_handle(kNvmlSonames, false);
-  return h ? dl(h, symbol) : nullptr;
+  if (h == nullptr) return nullptr;
+  void* fn = dl(h, symbol);
+  dlclose(h);  // NVML is the program's to unload: cupool holds no reference of its own
+  return fn;
 }
 
 }  // namespace cupool::shim

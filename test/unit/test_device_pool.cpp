@@ -1027,3 +1027,50 @@ TEST_CASE("pool: during a stream capture nothing is fenced, polled or waited for
     CHECK(up.counters().fence_calls_while_capturing == 0);
   }
 }
+
+// Issue 25: the cap is the device's, whichever context holds the memory. Two pools of one device
+// (two contexts) share one account; memory that names the device but no context charges it too.
+TEST_CASE("pool: pools of one device share its cap through one account", "[pool][account]") {
+  SimUpstream up(4 * GiB);
+  const Config cfg = with_limit(growth_config(32 * MiB, 32 * MiB), 96 * MiB);
+  DeviceAccount account(96 * MiB);
+  DevicePool a(cfg, 0, up, nullptr, &account);
+  DevicePool b(cfg, 0, up, nullptr, &account);
+  REQUIRE(a.allocate(32 * MiB).ptr != 0);
+  CHECK(account.charged() == 32 * MiB);
+  REQUIRE(b.allocate(32 * MiB).ptr != 0);
+  CHECK(account.charged() == 64 * MiB);
+  CHECK(account.try_take(16 * MiB));  // a context-less cuMemCreate
+  AllocResult refused = b.allocate(32 * MiB);
+  CHECK(refused.ptr == 0);
+  CHECK(refused.oom == OomClass::limit);
+  CHECK_FALSE(a.try_charge_external(32 * MiB));
+  std::size_t free = 0, total = 0;
+  a.mem_info(&free, &total);
+  CHECK(total == 96 * MiB);
+  CHECK(free == 16 * MiB);  // 96 less the 80 held on the device (a's chunk is wholly in use)
+  account.add(-static_cast<std::int64_t>(16 * MiB));
+  CHECK(a.try_charge_external(16 * MiB));
+  a.uncharge_external(16 * MiB);
+  // A pool that goes gives its part of the account back.
+  {
+    DevicePool c(cfg, 0, up, nullptr, &account);
+    REQUIRE(c.allocate(16 * MiB).ptr != 0);
+    CHECK(account.charged() == 96 * MiB);
+  }
+  CHECK(account.charged() == 64 * MiB);
+  // Many threads over two pools never pass the cap together.
+  std::atomic<bool> passed{false};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t)
+    threads.emplace_back([&, t] {
+      DevicePool& p = t % 2 ? a : b;
+      for (int i = 0; i < 200; ++i) {
+        AllocResult r = p.allocate(MiB * (1 + (i + t) % 8));
+        if (account.charged() > 96 * MiB) passed = true;
+        if (r.ptr) p.deallocate(r.ptr);
+      }
+    });
+  for (auto& th : threads) th.join();
+  CHECK_FALSE(passed);
+}
