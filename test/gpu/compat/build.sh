@@ -13,6 +13,7 @@ if [[ $# -ne 1 ]]; then
   exit 64
 fi
 here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../../.." && pwd)
 mkdir -p "$1/logs" || exit 1
 out=$(cd "$1" && pwd)
 CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
@@ -53,6 +54,11 @@ targets=(
   "cooperative|static|cooperative.cu|"
   "openmp_threads|shared|openmp_threads.cu|-Xcompiler -fopenmp -lgomp"
   "device_malloc|shared|device_malloc.cu|"
+  "nvml_linked|shared|nvml_monitor.cu|-I$root/shim -L$out -lnvidia-ml"
+  "nvml_dlopen_first|shared|nvml_monitor.cu|-I$root/shim -DCOMPAT_NVML_DLOPEN"
+  "contexts_threads|static|contexts_threads.cu|-lcuda"
+  "late_dlopen|static|late_dlopen.cu|"
+  "exec_child|shared|exec_child.cu|"
 )
 
 build_one() {
@@ -73,6 +79,10 @@ build_one() {
   fi
 }
 
+# NVML's link stub (nvml_stub.c): nvml_linked needs libnvidia-ml.so.1 as DT_NEEDED; the driver's
+# own is loaded at run time.
+cc -shared -fPIC -O2 -I"$root/shim" -Wl,-soname,libnvidia-ml.so.1 -o "$out/libnvidia-ml.so" "$here/nvml_stub.c" \
+  || { echo "build.sh: the NVML link stub did not build" >&2; exit 1; }
 git -C "$here" describe --always --dirty >"$out/BUILD_ID" 2>/dev/null || echo unknown >"$out/BUILD_ID"
 : >"$out/LINKS"
 echo "nvcc: $("$NVCC" --version | tail -1); $JOBS parallel jobs; into $out"
