@@ -22,6 +22,18 @@ CUcontext current_context() {
   return ctx;
 }
 
+// The context a stream belongs to, which need not be the calling thread's (a capture may begin on
+// a stream of another context): the driver's answer; the thread's for the default streams.
+CUcontext stream_context(CUstream stream) {
+  using GetCtx = CUresult (*)(CUstream, CUcontext*);
+  static const auto get_ctx = reinterpret_cast<GetCtx>(driver_function("cuStreamGetCtx"));
+  CUcontext ctx = nullptr;
+  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD && get_ctx &&
+      get_ctx(stream, &ctx) == CUDA_SUCCESS && ctx != nullptr)
+    return ctx;
+  return current_context();
+}
+
 void emit_stream_event(trace::EventKind kind, trace::Path path, const char* api, CUstream stream, std::uint64_t t0,
                        const unsigned* flags) {
   trace::Record r;
@@ -93,7 +105,7 @@ Code create_stream(trace::Path path, const char* api, Code ok, Handle* stream, u
 // context cannot be used until the capture ends, so what was queued there is marked now.
 void capture_beginning(CUstream stream) {
   if (streams().non_blocking(stream)) return;
-  const CUcontext ctx = current_context();
+  const CUcontext ctx = stream_context(stream);
   if (captures().blocking_capture(ctx)) return;  // marked when the first one began
   if (ContextPool* cp = existing_pool(ctx)) driver_upstream(*cp).before_blocking_capture();
 }
@@ -104,7 +116,7 @@ CUresult begin_capture(CUstream stream, CUstreamCaptureMode mode, Call&& call) {
   initialize();
   capture_beginning(stream);
   const CUresult rc = call();
-  if (rc == CUDA_SUCCESS) captures().begun(stream, current_context(), mode, !streams().non_blocking(stream));
+  if (rc == CUDA_SUCCESS) captures().begun(stream, stream_context(stream), mode, !streams().non_blocking(stream));
   return rc;
 }
 
