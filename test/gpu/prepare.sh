@@ -31,6 +31,13 @@ nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_alloc" test/gpu/bench_alloc.c
 nvcc -O2 $arch -cudart shared -o "$carry/bin/peer_check" test/gpu/peer_check.cu -lcuda
 nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_vmm_calls" test/gpu/bench_vmm_calls.cu -lcuda
 nvcc -O2 $arch -cudart shared -o "$carry/bin/prog_share" -x cu test/integration/programs/prog_share.cpp
+# Issue 25's simulated-CUDA programs, against the real libcuda (the toolkit's link stub) and NVML
+# (the suite's link stub): test/gpu/check_contextless.sh.
+c++ -std=c++20 -O2 -I"${CUDA_DIR:-/usr/local/cuda}/include" -o "$carry/bin/prog_no_context" \
+  test/integration/programs/prog_no_context.cpp -L"${CUDA_DIR:-/usr/local/cuda}/lib64/stubs" -lcuda -pthread
+cc -O2 -I"${CUDA_DIR:-/usr/local/cuda}/include" -Ishim -o "$carry/bin/prog_nvml_linked" \
+  test/integration/programs/prog_nvml_linked.c -L"${CUDA_DIR:-/usr/local/cuda}/lib64/stubs" -lcuda \
+  -L"$carry/compat" -lnvidia-ml -pthread
 cp "$build/test/bench_share_startup" "$carry/bin/"
 cp ../shared/workloads/*.py "$carry/workloads/"
 # The same identity for the library and the programs: what every results file names.

@@ -3,7 +3,7 @@
 # built here. Prints the build, GPU, driver and library versions first (they head every results
 # file too), and exits non-zero if any check failed or did not exercise what it claims.
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT [--only GROUP,...]
-# Groups: suite (test/gpu/compat), compat, inflight, bench, rounds, steps, quarantine, vmm,
+# Groups: suite (test/gpu/compat), contextless (check_contextless.sh), compat, inflight, bench, rounds, steps, quarantine, vmm,
 # xlasync, policies, replay, share, sharing, nvml, memviz, vmmpolicy, stacks (run_all.py's docstring says what each measures).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,7 +45,10 @@ groups=all
 if [[ $groups == all || ,$groups, == *,suite,* ]]; then
   python3 "$here/compat/run_compat.py" "$build" "$carry/compat" "$out" --jobs 8 || status=1
 fi
-rest=$(tr , '\n' <<<"$groups" | grep -vx suite | paste -sd, -)
+if [[ $groups == all || ,$groups, == *,contextless,* ]]; then
+  bash "$here/check_contextless.sh" "$build" "$carry/bin" "$out" || status=1
+fi
+rest=$(tr , '\n' <<<"$groups" | grep -vx suite | grep -vx contextless | paste -sd, -)
 if [[ $groups == all ]]; then
   python3 "$here/run_all.py" "$build" "$carry/workloads" "$carry/bin" "$out" || status=1
 elif [[ -n $rest ]]; then
