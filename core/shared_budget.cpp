@@ -8,13 +8,16 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <sched.h>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "options.h"
 #include "units.h"
@@ -53,7 +56,50 @@ bool valid_name(const std::string& name) {
   return true;
 }
 
+// Open-file-description locks on one byte (docs: fcntl(2), "Open file description locks"): held
+// by the descriptor's open file, released when its last descriptor closes, whichever process or
+// PID namespace looks. Never blocking.
+bool ofd_lock(int fd, long long at, short type) {
+  struct flock fl{};
+  fl.l_type = type;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = at;
+  fl.l_len = 1;
+  return fcntl(fd, F_OFD_SETLK, &fl) == 0;
+}
+// Does another open file description hold a lock on the byte? (Unknown counts as yes: a member is
+// never taken for gone on a failed query.)
+bool ofd_locked_by_other(int fd, long long at) {
+  struct flock fl{};
+  fl.l_type = F_WRLCK;
+  fl.l_whence = SEEK_SET;
+  fl.l_start = at;
+  fl.l_len = 1;
+  if (fcntl(fd, F_OFD_GETLK, &fl) != 0) return true;
+  return fl.l_type != F_UNLCK;
+}
+constexpr long long kMembership = SharedBudget::kLockBase;
+long long slot_byte(int i) { return SharedBudget::kLockBase + 1 + i; }
+
+// Why this thread's last admission was refused (refusal()).
+enum class Refusal : std::uint8_t { none, no_room, no_slot, device };
+thread_local Refusal t_refusal = Refusal::none;
+
+std::string file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device file";
+  return "not a regular file";
+}
+
 }  // namespace
+
+void SharedBudget::test_kill_point(const char* step) {
+  static const char* const wanted = std::getenv("CUPOOLTEST_SHARE_KILL");
+  if (wanted != nullptr && std::strcmp(wanted, step) == 0) raise(SIGKILL);
+}
 
 std::string SharedBudget::segment_name(const std::string& name, bool group) {
   return "/cupool-share-" + (group ? "g" + std::to_string(getgid()) : std::to_string(getuid())) + "-" + name;
@@ -88,16 +134,6 @@ std::uint64_t SharedBudget::start_ticks_of(int pid) {
   return proc_stat(pid, &state, &start) ? start : 0;
 }
 
-bool SharedBudget::alive(int pid, std::uint64_t start_ticks) {
-  if (pid <= 0) return false;
-  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-  char state = '?';
-  std::uint64_t start = 0;
-  if (!proc_stat(pid, &state, &start)) return true;  // unreadable /proc (another user's): trust kill()
-  if (state == 'Z' || state == 'X') return false;    // exited, not yet reaped: holds nothing any more
-  return start == start_ticks;                        // else a new process that got the pid
-}
-
 std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const LimitSpec& limit, bool group,
                                                  std::string* error) {
   auto fail = [&](const std::string& why) -> std::unique_ptr<SharedBudget> {
@@ -105,97 +141,170 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
     return nullptr;
   };
   if (!valid_name(name)) return fail("a budget name is 1 to 64 letters, digits, '-', '_' or '.'");
+  for (const auto& [device, spec] : limit.per_device)
+    if (device >= kMaxDevices)
+      return fail("CUPOOL_SHARE_LIMIT names device " + std::to_string(device) + "; a shared budget counts devices 0 to " +
+                  std::to_string(kMaxDevices - 1));
   const std::string seg_name = segment_name(name, group);
+  const std::string path = "/dev/shm" + seg_name;
   const mode_t mode = group ? 0660 : 0600;
-  bool created = false;
-  const mode_t old_umask = umask(0);  // the mode asked for, whatever the umask
-  int fd = shm_open(seg_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-  if (fd >= 0) {
-    created = true;
-  } else if (errno == EEXIST) {
-    fd = shm_open(seg_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW, 0);
-  }
-  umask(old_umask);
-  if (fd < 0) return fail("cannot open /dev/shm" + seg_name + ": " + std::strerror(errno));
-  struct stat st{};
-  if (fstat(fd, &st) != 0 || (!created && st.st_uid != getuid() && !group)) {
-    close(fd);
-    return fail("/dev/shm" + seg_name + " belongs to another user");
-  }
-  if (created && ftruncate(fd, sizeof(Segment)) != 0) {
-    const int e = errno;
-    close(fd);
-    shm_unlink(seg_name.c_str());
-    return fail(std::string("cannot size the shared segment: ") + std::strerror(e));
-  }
-  // Another member may still be sizing it: wait (briefly) until it has the segment's size.
-  for (int i = 0; i < 1000 && !created; ++i) {
-    if (fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= sizeof(Segment)) break;
-    usleep(1000);
-  }
-  if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(Segment)) {
-    close(fd);
-    return fail("/dev/shm" + seg_name + " was never set up (too small); remove it if no member is running");
-  }
-  void* p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) return fail(std::string("cannot map the shared segment: ") + std::strerror(errno));
-  std::unique_ptr<SharedBudget> b(new SharedBudget);
-  b->name_ = name;
-  b->limit_ = limit;
-  b->seg_ = static_cast<Segment*>(p);
-  b->my_pid_ = getpid();
-  Segment& s = *b->seg_;
+  const std::string what_to_do =
+      "; cupool uses no file it did not make for you, and in the sticky /dev/shm only its owner or root can remove "
+      "it: choose another CUPOOL_SHARE name (every member of the budget gives the same one), or have it removed";
   const std::string text = format_limit_spec(limit);
-  if (created) {
-    s.magic = kMagic;
-    s.layout = kLayoutVersion;
-    s.max_members = kMaxMembers;
-    s.max_devices = kMaxDevices;
-    std::snprintf(s.limit, sizeof s.limit, "%s", text.c_str());
-    timespec ts{};
-    clock_gettime(CLOCK_REALTIME, &ts);
-    s.created_unix_ns = static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-    s.ready.store(1, std::memory_order_release);
-  } else {
-    for (int i = 0; i < 1000 && s.ready.load(std::memory_order_acquire) == 0; ++i) usleep(1000);
-    if (s.ready.load(std::memory_order_acquire) == 0) return fail("the shared segment was never set up");
-    if (s.magic != kMagic || s.layout != kLayoutVersion || s.max_members != kMaxMembers ||
-        s.max_devices != kMaxDevices)
-      return fail("/dev/shm" + seg_name + " is not a budget of this cupool version");
-    if (text != s.limit)
+  // A member that leaves last may remove the segment between our open and our lock: then the
+  // file we hold is unlinked (no link left), and we start again with a fresh one.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    bool created = false;
+    const mode_t old_umask = umask(0);  // the mode asked for, whatever the umask
+    int fd = shm_open(seg_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd >= 0) {
+      created = true;
+    } else if (errno == EEXIST) {
+      // O_NONBLOCK: a FIFO planted at the name must not hang the open.
+      fd = shm_open(seg_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+    }
+    umask(old_umask);
+    if (fd < 0) {
+      if (errno == ENOENT) continue;  // removed between the two opens
+      const int e = errno;
+      struct stat ls{};
+      if (lstat(path.c_str(), &ls) == 0 && (ls.st_uid != getuid() || !S_ISREG(ls.st_mode)))
+        return fail(path + " is " + (S_ISREG(ls.st_mode) ? "a file" : file_kind(ls.st_mode)) + " of uid " +
+                    std::to_string(ls.st_uid) + ", not a budget of yours" + what_to_do);
+      return fail("cannot open " + path + ": " + std::strerror(e));
+    }
+    struct stat st{};
+    if (fstat(fd, &st) != 0) {
+      const int e = errno;
+      close(fd);
+      return fail("cannot inspect " + path + ": " + std::strerror(e));
+    }
+    // Trusted only if it is a regular file this user (or, group access, a member of the group,
+    // with the group's mode) made: anyone may plant a file at the name first.
+    const bool ours = S_ISREG(st.st_mode) &&
+                      (group ? st.st_gid == getgid() && (st.st_mode & 07777) == 0660 : st.st_uid == getuid() &&
+                                                                                            (st.st_mode & 0077) == 0);
+    if (!ours) {
+      close(fd);
+      if (!S_ISREG(st.st_mode)) return fail(path + " is " + file_kind(st.st_mode) + ", not a budget" + what_to_do);
+      return fail(path + " belongs to uid " + std::to_string(st.st_uid) + " gid " + std::to_string(st.st_gid) +
+                  " with mode " + [&] {
+                    char m[8];
+                    std::snprintf(m, sizeof m, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+                    return std::string(m);
+                  }() + ", not to " + (group ? "your group with mode 0660" : "you with mode 0600") + what_to_do);
+    }
+    if (!ofd_lock(fd, kMembership, F_RDLCK)) {  // a last member is removing it: a moment
+      close(fd);
+      usleep(1000);
+      continue;
+    }
+    if (fstat(fd, &st) != 0 || st.st_nlink == 0) {  // removed before our lock: start again
+      close(fd);
+      continue;
+    }
+    // Alone in it (every member holds the membership byte shared): set it up afresh, with our
+    // limit. That is the creator's case, and a leftover whose members are all gone (a segment
+    // whose creator died before finishing it included).
+    const bool alone = ofd_lock(fd, kMembership, F_WRLCK);
+    if (alone && static_cast<std::size_t>(st.st_size) != sizeof(Segment) && ftruncate(fd, sizeof(Segment)) != 0) {
+      const int e = errno;
+      close(fd);
+      if (created) shm_unlink(seg_name.c_str());
+      return fail("cannot size " + path + ": " + std::strerror(e));
+    }
+    if (!alone && static_cast<std::size_t>(st.st_size) != sizeof(Segment)) {
+      close(fd);
+      return fail(path + " is not a budget of this cupool version (" + std::to_string(st.st_size) + " bytes)");
+    }
+    void* p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int e = errno;
+      close(fd);
+      return fail(std::string("cannot map the shared segment: ") + std::strerror(e));
+    }
+    std::unique_ptr<SharedBudget> b(new SharedBudget);
+    b->name_ = name;
+    b->path_ = path;
+    b->limit_ = limit;
+    b->seg_ = static_cast<Segment*>(p);
+    b->fd_ = fd;
+    b->group_ = group;
+    b->my_pid_ = getpid();
+    Segment& s = *b->seg_;
+    if (alone) {
+      std::memset(static_cast<void*>(&s), 0, sizeof(Segment));
+      s.magic = kMagic;
+      s.layout = kLayoutVersion;
+      s.max_members = kMaxMembers;
+      s.max_devices = kMaxDevices;
+      std::snprintf(s.limit, sizeof s.limit, "%s", text.c_str());
+      timespec ts{};
+      clock_gettime(CLOCK_REALTIME, &ts);
+      s.created_unix_ns =
+          static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+      s.ready.store(1, std::memory_order_release);
+      ofd_lock(fd, kMembership, F_RDLCK);  // back to shared: others may join now
+      return b;
+    }
+    // Another member set it up before it let us take the membership byte.
+    if (s.ready.load(std::memory_order_acquire) == 0 || s.magic != kMagic || s.layout != kLayoutVersion ||
+        s.max_members != kMaxMembers || s.max_devices != kMaxDevices)
+      return fail(path + " is not a budget of this cupool version");
+    const std::string theirs(s.limit, strnlen(s.limit, sizeof s.limit));
+    if (text != theirs)
       return fail("CUPOOL_SHARE_LIMIT=" + (text.empty() ? std::string("(unset)") : text) +
-                  " differs from the budget's own, " + (s.limit[0] ? std::string(s.limit) : std::string("(unset)")) +
-                  "; every member of a budget gives the same limit");
+                  " differs from the budget's own, " + (theirs.empty() ? std::string("(unset)") : theirs) +
+                  ", given by its members running now; every member of a budget gives the same limit");
+    return b;
   }
-  return b;
+  return fail(path + " was removed and made again 100 times while joining; try again");
 }
 
 std::unique_ptr<SharedBudget> SharedBudget::observe(const std::string& segment_path, std::string* error) {
-  const int fd = open(segment_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // O_NONBLOCK: a FIFO planted in /dev/shm must not hang top or the metrics server.
+  const int fd = open(segment_path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     *error = segment_path + ": " + std::strerror(errno);
     return nullptr;
   }
   struct stat st{};
-  if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < sizeof(Segment)) {
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) != sizeof(Segment)) {
+    const bool regular = S_ISREG(st.st_mode);
     close(fd);
-    *error = segment_path + ": not a cupool budget (too small)";
+    *error = segment_path + ": not a cupool budget (" + (regular ? "wrong size" : file_kind(st.st_mode)) + ")";
     return nullptr;
   }
-  void* p = mmap(nullptr, sizeof(Segment), PROT_READ, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) {
-    *error = segment_path + ": " + std::strerror(errno);
+  // A copy, not a mapping: the file's owner may truncate it while it is read (a mapping would
+  // then fault with SIGBUS in the reader).
+  auto copy = std::make_unique<Segment>();
+  char* dst = reinterpret_cast<char*>(copy.get());
+  std::size_t got = 0;
+  while (got < sizeof(Segment)) {
+    const ssize_t n = pread(fd, dst + got, sizeof(Segment) - got, static_cast<off_t>(got));
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  if (got != sizeof(Segment)) {
+    close(fd);
+    *error = segment_path + ": not a cupool budget (shorter than a segment)";
     return nullptr;
   }
   std::unique_ptr<SharedBudget> b(new SharedBudget);
-  b->seg_ = static_cast<Segment*>(p);
+  b->copy_ = std::move(copy);
+  b->seg_ = b->copy_.get();
+  b->fd_ = fd;  // for the liveness of its members' locks
   b->read_only_ = true;
+  b->owner_uid_ = st.st_uid;
+  b->owner_gid_ = st.st_gid;
+  b->path_ = segment_path;
   if (b->seg_->magic != kMagic || b->seg_->layout != kLayoutVersion) {
     *error = segment_path + ": not a budget of this cupool version";
     return nullptr;
   }
+  b->seg_->limit[sizeof b->seg_->limit - 1] = '\0';  // bounded, whatever the file held
+  for (Slot& slot : b->seg_->slots) slot.command[sizeof slot.command - 1] = '\0';
   const std::string base = segment_path.substr(segment_path.rfind('/') + 1);
   const std::size_t dash = base.find('-', std::string("cupool-share-").size());
   b->name_ = dash == std::string::npos ? base : base.substr(dash + 1);
@@ -238,10 +347,24 @@ std::unique_ptr<SharedBudget> SharedBudget::another_member() const {
 
 SharedBudget::~SharedBudget() {
   stop_give_back();
-  // The slot stays ours until exit: the process still holds its memory. At exit, the next
-  // member that needs room finds us gone and reclaims the slot. (A private budget's mapping goes
-  // with its last member.)
-  if (seg_ && !private_segment_) munmap(seg_, sizeof(Segment));
+  // The slot's lock goes with the descriptor: the next member that needs room finds the slot
+  // free and empties it. (A private budget's mapping goes with its last member; a copy is ours.)
+  if (seg_ && !private_segment_ && !copy_) munmap(seg_, sizeof(Segment));
+  if (fd_ >= 0) close(fd_);
+}
+
+void SharedBudget::leave() {
+  if (read_only_ || fd_ < 0 || private_segment_) return;
+  // The last member out removes the segment's name: alone once the membership byte turns
+  // exclusive, and only the file it holds (a new one at the name is another budget's). Threads
+  // of this process may still allocate: the slot stays, in the file they map, until the process
+  // ends and the kernel lets go of its locks. A joiner that opened the old file finds it gone
+  // (no link left, or the byte held) and makes a new one.
+  if (!ofd_lock(fd_, kMembership, F_WRLCK)) return;
+  struct stat held{}, named{};
+  if (fstat(fd_, &held) == 0 && stat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
+      held.st_dev == named.st_dev)
+    shm_unlink(path_.c_str() + std::strlen("/dev/shm"));
 }
 
 std::string SharedBudget::limit_text() const { return seg_ ? std::string(seg_->limit) : std::string(); }
@@ -254,45 +377,63 @@ std::optional<std::uint64_t> SharedBudget::budget(int device, std::uint64_t devi
 
 SharedBudget::Slot* SharedBudget::my_slot() {
   if (Slot* s = mine_.load(std::memory_order_acquire)) return s;
+  std::lock_guard guard(claim_mu_);  // one descriptor holds every lock of this member: one claimer
+  if (Slot* s = mine_.load(std::memory_order_acquire)) return s;
   const std::uint64_t me = static_cast<std::uint64_t>(my_pid_) << 8;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (Slot& s : seg_->slots) {
+  for (int i = 0; i < kMaxMembers; ++i) {
+    Slot& s = seg_->slots[i];
+    // A private budget (replay) has no file: its members are threads of one process.
+    if (fd_ >= 0) {
+      if (!ofd_lock(fd_, slot_byte(i), F_WRLCK)) continue;  // a live member's
+    } else {
       std::uint64_t expected = 0;
       if (!s.owner.compare_exchange_strong(expected, me | kClaiming, std::memory_order_seq_cst)) continue;
-      s.start_ticks.store(start_ticks_of(my_pid_), std::memory_order_relaxed);
-      for (int d = 0; d < kMaxDevices; ++d) {
-        s.held[d].store(0);
-        s.in_use[d].store(0);
-        s.reserved[d].store(0);
-        s.waiting[d].store(0);
-      }
-      s.ooms.store(0);
-      std::snprintf(s.command, sizeof s.command, "%s", own_command().c_str());
-      s.owner.store(me | kLive, std::memory_order_seq_cst);
-      // Threads of this process may claim at once: one slot wins, the others are given back.
-      Slot* winner = nullptr;
-      if (mine_.compare_exchange_strong(winner, &s, std::memory_order_acq_rel)) {
-        start_give_back();  // a fork child's own (the parent's thread did not come along)
-        return &s;
-      }
-      s.owner.store(0, std::memory_order_seq_cst);
-      return winner;
     }
-    reclaim_dead();  // full: slots of members that are gone are free again
+    // Ours. What a member that died in it left goes first (its memory went with it).
+    s.owner.store(me | kClaiming, std::memory_order_seq_cst);
+    test_kill_point("slot-claim");
+    std::uint64_t freed = 0;
+    for (int d = 0; d < kMaxDevices; ++d) {
+      freed += s.held[d].exchange(0);
+      s.in_use[d].store(0);
+      s.reserved[d].store(0);
+      s.waiting[d].store(0);
+    }
+    s.ooms.store(0);
+    s.start_ticks.store(start_ticks_of(my_pid_), std::memory_order_relaxed);
+    std::snprintf(s.command, sizeof s.command, "%s", own_command().c_str());
+    s.owner.store(me | kLive, std::memory_order_seq_cst);
+    if (freed) {
+      seg_->released_seq.fetch_add(1);
+      futex_wake_all(&seg_->released_seq);
+    }
+    mine_.store(&s, std::memory_order_release);
+    start_give_back();  // a fork child's own (the parent's thread did not come along)
+    return &s;
   }
+  if (fd_ >= 0) return nullptr;
+  reclaim_dead();
   return nullptr;
 }
 
+bool SharedBudget::slot_held_by_other(int i) const {
+  if (&seg_->slots[i] == mine_.load(std::memory_order_acquire)) return false;
+  if (fd_ < 0) return (seg_->slots[i].owner.load() & 0xff) == kLive;  // a private budget's threads
+  return ofd_locked_by_other(fd_, slot_byte(i));
+}
+
 std::uint64_t SharedBudget::reclaim_dead() {
-  if (read_only_) return 0;
+  if (read_only_ || fd_ < 0) return 0;  // a private budget's members never die apart
   std::uint64_t bytes = 0;
-  for (Slot& s : seg_->slots) {
-    std::uint64_t owner = s.owner.load(std::memory_order_seq_cst);
-    if (owner == 0 || (owner & 0xff) != kLive) continue;
-    const int pid = static_cast<int>(owner >> 8);
-    if (alive(pid, s.start_ticks.load(std::memory_order_relaxed))) continue;
-    // One reclaimer: whoever moves the slot from live to reclaiming.
-    if (!s.owner.compare_exchange_strong(owner, (owner & ~std::uint64_t{0xff}) | kReclaiming)) continue;
+  const Slot* const mine = mine_.load(std::memory_order_acquire);
+  for (int i = 0; i < kMaxMembers; ++i) {
+    Slot& s = seg_->slots[i];
+    if (&s == mine) continue;  // our own lock: taking it again would succeed
+    bool used = s.owner.load(std::memory_order_seq_cst) != 0;
+    for (int d = 0; d < kMaxDevices && !used; ++d) used = s.held[d].load() != 0 || s.waiting[d].load() != 0;
+    if (!used) continue;
+    // Lockable: no live member holds it. Emptied under the lock, so that no one claims it meanwhile.
+    if (!ofd_lock(fd_, slot_byte(i), F_WRLCK)) continue;
     for (int d = 0; d < kMaxDevices; ++d) {
       bytes += s.held[d].exchange(0);
       s.in_use[d].store(0);
@@ -300,6 +441,7 @@ std::uint64_t SharedBudget::reclaim_dead() {
       s.waiting[d].store(0);
     }
     s.owner.store(0, std::memory_order_seq_cst);
+    ofd_lock(fd_, slot_byte(i), F_UNLCK);
   }
   if (bytes) {
     seg_->released_seq.fetch_add(1);
@@ -313,21 +455,53 @@ bool SharedBudget::try_admit(int device, std::uint64_t budget, std::uint64_t byt
 }
 
 bool SharedBudget::claim(int device, std::uint64_t budget, std::uint64_t bytes, bool notify) {
+  if (device < 0 || device >= kMaxDevices) {
+    t_refusal = Refusal::device;
+    return false;
+  }
   Slot* mine = my_slot();
-  if (mine == nullptr || device < 0 || device >= kMaxDevices) return false;
+  if (mine == nullptr) {
+    t_refusal = Refusal::no_slot;
+    return false;
+  }
   // 1. Claim. 2. Sum every claim, this one included. 3. Over the budget: take it back.
   mine->held[device].fetch_add(bytes, std::memory_order_seq_cst);
   std::uint64_t sum = 0;
   for (const Slot& s : seg_->slots) sum = saturating_add(sum, s.held[device].load(std::memory_order_seq_cst));
   if (sum <= budget) return true;
   mine->held[device].fetch_sub(bytes, std::memory_order_seq_cst);
+  t_refusal = Refusal::no_room;
   // Someone waiting for room may fit now that this claim is gone (a waiter's own retries do not
   // say so: waiters would wake each other for ever).
   if (notify) {
     seg_->released_seq.fetch_add(1);
-    if (seg_->waiters.load() > 0) futex_wake_all(&seg_->released_seq);
+    if (someone_else_waits(device)) futex_wake_all(&seg_->released_seq);
   }
   return false;
+}
+
+bool SharedBudget::someone_else_waits(int device) const {
+  for (int i = 0; i < kMaxMembers; ++i) {
+    const Slot& s = seg_->slots[i];
+    bool waits = false;
+    if (device >= 0) waits = s.waiting[device].load() != 0;
+    else
+      for (int d = 0; d < kMaxDevices && !waits; ++d) waits = s.waiting[d].load() != 0;
+    // A member that died waiting leaves its count until its slot is emptied: not a waiter.
+    if (waits && slot_held_by_other(i)) return true;
+  }
+  return false;
+}
+
+std::string SharedBudget::refusal() const {
+  switch (t_refusal) {
+    case Refusal::no_slot:
+      return "no slot is free: the budget's " + std::to_string(kMaxMembers) + " member slots are all held by live processes";
+    case Refusal::device:
+      return "a shared budget counts devices 0 to " + std::to_string(kMaxDevices - 1) + " only";
+    default:
+      return "the shared budget has no room";
+  }
 }
 
 bool SharedBudget::gives_up_in_deadlock(int device) const {
@@ -350,23 +524,40 @@ bool SharedBudget::gives_up_in_deadlock(int device) const {
 
 bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t bytes, std::uint64_t wait_ns) {
   const auto b = budget(device, device_total);
+  t_refusal = Refusal::none;
   if (!b) return true;  // no budget on this device
-  if (bytes > *b) return false;
-  if (try_admit(device, *b, bytes)) return true;
-  if (reclaim_dead() > 0 && try_admit(device, *b, bytes)) return true;
-  if (wait_ns == 0) return false;
+  if (bytes > *b) {
+    t_refusal = Refusal::no_room;
+    return false;
+  }
+  // A claim refused beside another claim decided at the same moment may fit once that one has
+  // taken itself back: tried again while the sum without it leaves room (each claim that fails
+  // takes itself back, so this ends).
+  auto try_hard = [&](bool notify) {
+    for (int tries = 0; tries < 64; ++tries) {
+      if (claim(device, *b, bytes, notify)) return true;
+      if (t_refusal != Refusal::no_room || saturating_add(held_total(device), bytes) > *b) return false;
+      sched_yield();
+    }
+    return false;
+  };
+  if (try_hard(true)) return true;
+  if (t_refusal != Refusal::no_room) return false;
+  if (reclaim_dead() > 0 && try_hard(true)) return true;
+  if (wait_ns == 0 || t_refusal != Refusal::no_room) return false;
   if (wait_by_) {
     wait_by_();
     return claim(device, *b, bytes, false);
   }
-  // Wait for room: say so (the others' give-back threads wake), then retry at every release.
+  // Wait for room: say so in our slot (the others' give-back threads wake), then retry at every
+  // release. A member killed while it waits leaves its count in its slot, which dies with it.
   Slot* mine = my_slot();
   if (mine == nullptr) return false;
   mine->waiting[device].fetch_add(bytes);
-  seg_->waiters.fetch_add(1);
   seg_->wanted_seq.fetch_add(1);
   futex_wake_all(&seg_->wanted_seq);
-  const std::uint64_t started = now_ns(), deadline = started + wait_ns;
+  test_kill_point("wait");
+  const std::uint64_t started = now_ns(), deadline = saturating_add(started, wait_ns);
   bool ok = false;
   std::uint32_t last_release = seg_->released_seq.load();
   std::uint64_t quiet_since = started;  // no release seen since
@@ -383,14 +574,15 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
     // one can give anything back, and all would wait out their time. One gives up now, the one
     // that holds the least (its program's out-of-memory frees what it held for the others).
     if (t - quiet_since >= kDeadlockQuiet_ns && gives_up_in_deadlock(device)) break;
-    // At most 50 ms asleep: a member that died holding room is reclaimed without anyone's release.
+    // At most 50 ms asleep: a member that died holding room is reclaimed without anyone's
+    // release. Only then is every slot's lock looked at: a release needs no reclaim.
     futex_wait(&seg_->released_seq, seen, std::min<std::uint64_t>(deadline - t, 50'000'000));
-    reclaim_dead();
+    if (seg_->released_seq.load() == seen) reclaim_dead();
   }
-  seg_->waiters.fetch_sub(1);
   mine->waiting[device].fetch_sub(bytes);
   waits_.fetch_add(1, std::memory_order_relaxed);
   waited_ns_.fetch_add(now_ns() - started, std::memory_order_relaxed);
+  if (!ok) t_refusal = Refusal::no_room;
   return ok;
 }
 
@@ -408,7 +600,7 @@ void SharedBudget::release(int device, std::uint64_t bytes) {
   while (!mine->held[device].compare_exchange_weak(held, held > bytes ? held - bytes : 0)) {
   }
   seg_->released_seq.fetch_add(1);
-  if (seg_->waiters.load() > 0) futex_wake_all(&seg_->released_seq);
+  if (someone_else_waits(device)) futex_wake_all(&seg_->released_seq);
 }
 
 std::optional<std::uint64_t> SharedBudget::room(int device, std::uint64_t device_total) const {
@@ -431,14 +623,22 @@ std::uint64_t SharedBudget::held_mine(int device) const {
 }
 
 std::string SharedBudget::holders(int device) const {
+  if (device < 0 || device >= kMaxDevices) return "nobody";
+  std::vector<Member> held;
+  for (Member& m : members())
+    if (m.held[device] != 0) held.push_back(std::move(m));
+  if (held.empty()) return "nobody";
+  std::sort(held.begin(), held.end(), [&](const Member& a, const Member& b) { return a.held[device] > b.held[device]; });
+  constexpr std::size_t kShown = 4;  // one line of bounded length, with up to 256 members
   std::string out;
-  for (const Member& m : members()) {
-    if (device < 0 || device >= kMaxDevices || m.held[device] == 0) continue;
+  for (std::size_t i = 0; i < held.size() && i < kShown; ++i) {
+    const Member& m = held[i];
     if (!out.empty()) out += ", ";
     out += "pid " + std::to_string(m.pid) + " (" + m.command + ") " + human_bytes(m.held[device]);
     if (!m.alive) out += " (gone)";
   }
-  return out.empty() ? std::string("nobody") : out;
+  if (held.size() > kShown) out += " and " + std::to_string(held.size() - kShown) + " more";
+  return out;
 }
 
 void SharedBudget::publish(int device, std::uint64_t in_use, std::uint64_t reserved) {
@@ -461,7 +661,7 @@ std::vector<SharedBudget::Member> SharedBudget::members() const {
     m.pid = static_cast<int>(owner >> 8);
     m.start_ticks = s.start_ticks.load();
     m.command = std::string(s.command, strnlen(s.command, sizeof s.command));
-    m.alive = alive(m.pid, m.start_ticks);
+    m.alive = &s == mine_.load(std::memory_order_acquire) || slot_held_by_other(static_cast<int>(&s - seg_->slots));
     for (int d = 0; d < kMaxDevices; ++d) {
       m.held[d] = s.held[d].load();
       m.in_use[d] = s.in_use[d].load();
@@ -488,10 +688,11 @@ void SharedBudget::start_give_back() {
       futex_wait(&seg_->wanted_seq, seen, 100'000'000);
       const std::uint32_t now = seg_->wanted_seq.load();
       if (stopping_.load()) break;
-      if (now == seen && seg_->waiters.load() == 0) continue;
+      const bool waits = someone_else_waits(-1);
+      if (now == seen && !waits) continue;
       seen = now;
       // Someone waits for room: what this process holds idle goes back (unless it is the one waiting).
-      if (Slot* mine = mine_.load(); mine != nullptr && seg_->waiters.load() > 0) {
+      if (Slot* mine = mine_.load(); mine != nullptr && waits) {
         bool self_waiting = false;
         for (int d = 0; d < kMaxDevices; ++d) self_waiting = self_waiting || mine->waiting[d].load() != 0;
         if (!self_waiting) fn();
@@ -513,6 +714,17 @@ void SharedBudget::stop_give_back() {
 void SharedBudget::after_fork_in_child() {
   mine_.store(nullptr, std::memory_order_release);
   my_pid_ = getpid();
+  // The inherited descriptor is the parent's open file, locks and all: keeping it would keep
+  // the parent's slot alive after the parent's death. The child opens the segment anew, and
+  // joins as a member (the same file, or none if it is gone).
+  if (fd_ >= 0) {
+    close(fd_);
+    fd_ = open(path_.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd_ >= 0 && !ofd_lock(fd_, kMembership, F_RDLCK)) {
+      close(fd_);
+      fd_ = -1;
+    }
+  }
   give_back_ = nullptr;  // the parent's thread: not this process's to join (leaked); a new one
                          // starts at the child's first claim
 }

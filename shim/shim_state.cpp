@@ -67,6 +67,8 @@ void at_exit() {
     if (SharedBudget* share = g_memory ? g_memory->share() : nullptr) waits = {share->waits(), share->waited_ns()};
     w->close(waits);
   }
+  // The last member of a shared budget out removes its segment (issue 26: leftovers piled up).
+  if (SharedBudget* share = g_memory ? g_memory->share() : nullptr) share->leave();
 }
 
 void fork_prepare() {

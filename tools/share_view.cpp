@@ -217,6 +217,15 @@ bool scan_shares(const std::string& dir, ShareScan& out, std::string* error) {
     const std::string file = path.substr(path.rfind('/') + 1);
     const std::size_t dash = file.find('-', kSegmentPrefix.size());
     v.owner = dash == std::string::npos ? std::string() : file.substr(kSegmentPrefix.size(), dash - kSegmentPrefix.size());
+    // The owner its name gives must be the file's (issue 26: anyone may plant a file named as
+    // another user's budget, and top showed it as theirs).
+    const bool group = v.owner.starts_with("g");
+    const std::string file_owner = group ? "g" + std::to_string(budget->owner_gid()) : std::to_string(budget->owner_uid());
+    if (v.owner != file_owner) {
+      out.skipped.push_back(path + ": owned by " + (group ? "gid " : "uid ") + file_owner.substr(group ? 1 : 0) +
+                            ", not the " + (group ? "group" : "user") + " its name gives: not shown");
+      continue;
+    }
     v.limit = budget->limit_text();
     v.members = budget->members();
     std::sort(v.members.begin(), v.members.end(), [](const auto& a, const auto& b) {

@@ -152,11 +152,24 @@ def main():
             other.quit()
             grapher.quit()
 
-            # 5. A different limit for the same budget is a configuration error at start.
+            # 5. A different limit for the same budget is a configuration error at start, while a
+            # member runs; once none is left, the budget is set up afresh with the new limit
+            # (issue 26: a leftover segment stopped every later job with another limit).
+            keeper = Member(a.program, env("keeper"), "keeper")
+            if keeper.ask("alloc 100") != ["0"]:
+                fail("keeper: 100 MiB refused in an empty budget")
             p = subprocess.run([a.program], env=env("wrong", CUPOOL_SHARE_LIMIT="2GiB"), input="quit\n",
                                capture_output=True, text=True, timeout=60)
             if p.returncode != 78 or "differs from the budget's own" not in p.stderr:
                 fail(f"a member with another limit: exit {p.returncode}, {p.stderr.strip()[:300]}")
+            keeper.quit()
+            p = subprocess.run([a.program], env=env("renewed", CUPOOL_SHARE_LIMIT="2GiB"), input="alloc 1500\nquit\n",
+                               capture_output=True, text=True, timeout=60)
+            if p.returncode != 0 or "alloc 0" not in p.stdout.splitlines():
+                fail(f"a job with another limit once no member is left: exit {p.returncode}, {p.stdout!r} "
+                     f"{p.stderr.strip()[:300]}")
+            if os.path.exists(segment):
+                fail(f"{segment} is still there after its last member exited")
 
             # 6. One allocation waits once, however often its pool asks: a chunk larger than it
             # needs is refused at once, the ask for just what it needs waits its whole bound, and

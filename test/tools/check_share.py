@@ -28,6 +28,7 @@ through core/shared_budget with figures chosen here. Two members of a budget wit
 Nothing here waits on a clock but generous timeouts for processes to start.
 """
 import argparse
+import fcntl
 import json
 import os
 import pty
@@ -363,6 +364,14 @@ def write_segment(path, lay, limit, slots, magic=None):
         f.write(buf)
 
 
+def hold_slot_lock(path, lay, slot):
+    """Holds the lock of `slot` in the segment at `path`, as a live member does (a POSIX lock of
+    this process, which the readers' OFD lock queries see): returns the open file to keep."""
+    f = open(path, "rb+")
+    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, lay["lock_base"] + 1 + slot, os.SEEK_SET)
+    return f
+
+
 def check_crafted(opts, run):
     lay = json.loads(subprocess.run([opts.member, "--layout"], capture_output=True, check=True).stdout)
     with tempfile.TemporaryDirectory() as d:
@@ -384,16 +393,29 @@ def check_crafted(opts, run):
         with open(zero, "wb") as f:
             f.write(bytes(lay["segment_size"]))
         os.utime(zero, (time.time() - 3600, time.time() - 3600))  # its creator died long ago
-        os.symlink("cupool-share-4242-crafted", os.path.join(d, "cupool-share-4242-link"))
+        # The owners their names give (issue 26: the name alone is no proof). Only root can
+        # make files of another user: as anyone else the check cannot be made.
+        if os.getuid() != 0:
+            print("skipped: crafted segments of another user need root")
+            return
+        owner = "4242"
+        for f in os.listdir(d):
+            if f.startswith("cupool-share-"):
+                os.chown(os.path.join(d, f), 4242, 77)
+        planted = os.path.join(d, "cupool-share-4242-planted")  # named as 4242's, made by root
+        write_segment(planted, lay, b"1GiB", {})
+        alive = hold_slot_lock(os.path.join(d, f"cupool-share-{owner}-crafted"), lay, 0)
+        os.symlink(f"cupool-share-{owner}-crafted", os.path.join(d, f"cupool-share-{owner}-link"))
         with open(os.path.join(d, "not-a-budget"), "wb") as f:
             f.write(b"ignored")
-        bad = ["cupool-share-4242-badmagic", "cupool-share-4242-link", "cupool-share-4242-small", "cupool-share-4242-zero"]
+        bad = ["cupool-share-4242-badmagic", "cupool-share-4242-link", "cupool-share-4242-small", "cupool-share-4242-zero",
+               "cupool-share-4242-planted"]
 
         p = run("top", "--json", "--dir", d, rc=0)
         doc = json.loads(p.stdout)
         for b in bad:
             check(f"{os.path.join(d, b)}:" in p.stderr, f"top: no warning naming {b}: {p.stderr}")
-        check(len(doc["skipped"]) == 4, f"top --json skipped: {doc['skipped']}")
+        check(len(doc["skipped"]) == 5, f"top --json skipped: {doc['skipped']}")
         check([b["name"] for b in doc["budgets"]] == ["crafted", "empty"], f"budgets: {doc['budgets']}")
         crafted = doc["budgets"][0]
         oddtext = 'new\nline"\\\ufffd\x1b[31m'
@@ -432,7 +454,7 @@ def check_crafted(opts, run):
                      f'cupool_share_held_bytes{{share="crafted",owner="4242",device="3"}} {5 * MiB + 4}',
                      'cupool_share_members{share="crafted",owner="4242"} 3',
                      'cupool_share_members{share="empty",owner="g77"} 0',
-                     "cupool_share_segments_unreadable 4"):
+                     "cupool_share_segments_unreadable 5"):
             check(line in samples, f"metrics --dir lacks {line!r}:\n{p.stdout}")
         series = [s.rsplit(" ", 1)[0] for s in samples]
         check(len(series) == len(set(series)), f"metrics --dir: duplicate series: {sorted(series)}")

@@ -49,13 +49,13 @@ int layout() {
   using Slot = SharedBudget::Slot;
   static_assert(std::is_standard_layout_v<Segment> && std::is_standard_layout_v<Slot>);
   std::printf(
-      "{\"segment_size\":%zu,\"magic\":%llu,\"layout_version\":%u,\"max_members\":%d,\"max_devices\":%d,"
+      "{\"segment_size\":%zu,\"lock_base\":%lld,\"magic\":%llu,\"layout_version\":%u,\"max_members\":%d,\"max_devices\":%d,"
       "\"states\":{\"live\":%llu},"
       "\"segment\":{\"magic\":%zu,\"layout\":%zu,\"max_members\":%zu,\"max_devices\":%zu,\"ready\":%zu,"
       "\"limit\":%zu,\"limit_size\":%zu,\"slots\":%zu},"
       "\"slot\":{\"size\":%zu,\"owner\":%zu,\"start_ticks\":%zu,\"held\":%zu,\"in_use\":%zu,\"reserved\":%zu,"
       "\"waiting\":%zu,\"ooms\":%zu,\"command\":%zu,\"command_size\":%zu}}\n",
-      sizeof(Segment), static_cast<unsigned long long>(SharedBudget::kMagic), SharedBudget::kLayoutVersion,
+      sizeof(Segment), SharedBudget::kLockBase, static_cast<unsigned long long>(SharedBudget::kMagic), SharedBudget::kLayoutVersion,
       SharedBudget::kMaxMembers, SharedBudget::kMaxDevices, static_cast<unsigned long long>(SharedBudget::kLive),
       offsetof(Segment, magic), offsetof(Segment, layout), offsetof(Segment, max_members),
       offsetof(Segment, max_devices), offsetof(Segment, ready), offsetof(Segment, limit), sizeof(Segment::limit),

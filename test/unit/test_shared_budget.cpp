@@ -827,8 +827,8 @@ TEST_CASE("share: joining: one limit per budget, valid names, two members in one
 
   CHECK(SharedBudget::join(name, limit_of(bytes(1001), {{1, percent(50)}}), false, &error) == nullptr);
   CHECK(error == "cupool: CUPOOL_SHARE=" + name +
-                     ": CUPOOL_SHARE_LIMIT=1001,1:50% differs from the budget's own, 1000,1:50%; every member of a "
-                     "budget gives the same limit");
+                     ": CUPOOL_SHARE_LIMIT=1001,1:50% differs from the budget's own, 1000,1:50%, given by its "
+                     "members running now; every member of a budget gives the same limit");
   error.clear();
   CHECK(SharedBudget::join(name, limit_of(bytes(1000), {{1, percent(60)}}), false, &error) == nullptr);
   CHECK(error.find("CUPOOL_SHARE_LIMIT=1000,1:60% differs from the budget's own, 1000,1:50%") != std::string::npos);
@@ -887,9 +887,7 @@ TEST_CASE("share: a process's start time is read past a command name with spaces
   REQUIRE(wait_until(child, [&] { return r->renamed.load() == 1; }));
   CHECK(r->ticks.load() != 0);
   CHECK(SharedBudget::start_ticks_of(child.pid()) == r->ticks.load());
-  CHECK(SharedBudget::alive(child.pid(), r->ticks.load()));
-  CHECK_FALSE(SharedBudget::alive(child.pid(), r->ticks.load() + 1));  // the pid, started at another time
-  CHECK_FALSE(SharedBudget::alive(0, 0));
+  // (Shown by top beside the pid; liveness is the slot's lock since issue 26, tested below.)
   child.kill9();
   CHECK(child.wait() == 128 + SIGKILL);
 }
