@@ -89,7 +89,7 @@ class BudgetedUpstream final : public Upstream {
     std::uint64_t wait = wait_ns_;
     if (ask && wait > 0) {
       const std::uint64_t now = EventClock::now();
-      if (ask->deadline_ns == 0) ask->deadline_ns = now + wait;
+      if (ask->deadline_ns == 0) ask->deadline_ns = now > UINT64_MAX - wait ? UINT64_MAX : now + wait;  // saturated
       wait = ask->deadline_ns > now ? ask->deadline_ns - now : 0;
     }
     return share_.admit(c_.device, total(), bytes, wait);
@@ -494,7 +494,7 @@ void ProcessMemory::warn_device_oom(int device, const char* api, std::uint64_t s
   if (!warnings_) return;
   std::string message = std::string("out of memory on device ") + std::to_string(device) + ": " + api + " of " +
                         human_bytes(size) + " refused (";
-  message += oom == OomClass::share ? "share: the shared budget has no room"
+  message += oom == OomClass::share && share_ ? "share: " + share_->refusal()
                                     : "limit: the cap of " + human_bytes(a.cap()) + " would be exceeded";
   message += "); the process holds " + human_bytes(a.charged()) + " on the device (memory that names its device, "
              "made on a thread with no context there)";
@@ -507,6 +507,10 @@ void ProcessMemory::warn_device_oom(int device, const char* api, std::uint64_t s
 void ProcessMemory::warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const {
   if (!warnings_) return;
   std::string message = describe_oom(c, api, size, oom);
+  // The budget says why it refused: no room, no free slot, or a device it does not count.
+  if (const std::string generic = "the shared budget has no room"; oom == OomClass::share && share_)
+    if (const std::size_t at = message.find(generic); at != std::string::npos)
+      message.replace(at, generic.size(), share_->refusal());
   if (oom == OomClass::share && share_)
     message += "; budget \"" + share_->name() + "\" on device " + std::to_string(c.device) + " is held by " +
                share_->holders(c.device);

@@ -40,12 +40,13 @@ std::optional<LimitSpec> parse_limit_text(const std::string& text) {
 // A segment another process is creating right now is all zeros until its creator fills it in:
 // not worth a warning, unless it has stayed so (its creator died before finishing it).
 bool being_set_up(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+  // O_NONBLOCK: a FIFO planted at the name must not hang the reader (issue 26).
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return false;
   std::uint64_t magic = 1;
   struct stat st{};
-  const bool zero = pread(fd, &magic, sizeof magic, 0) == static_cast<ssize_t>(sizeof magic) && magic == 0 &&
-                    fstat(fd, &st) == 0;
+  const bool zero = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                    pread(fd, &magic, sizeof magic, 0) == static_cast<ssize_t>(sizeof magic) && magic == 0;
   close(fd);
   return zero && std::time(nullptr) - st.st_mtime < 5;
 }

@@ -6,10 +6,20 @@
 //   graph MIB   captures a graph with a memory node of that many MiB, instantiates and launches
 //               it (the driver reserves graph memory until a trim); prints "graph <rc>"
 //   trim        destroys the graph and trims the device's graph memory; prints "trim <rc>"
+//   detach      the commands are served by a new thread from now on, and the main thread calls
+//               pthread_exit (the process lives on); prints "detach 0" from the new thread
+//   exec        execs the program again (the same pid, a new image without memory); prints
+//               "ready" again
+//   device N    cudaSetDevice(N); prints "device <rc>"
 //   quit        exits 0
 #include <cuda_runtime_api.h>
 
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -39,12 +49,19 @@ cudaError_t launch_graph(size_t bytes) {
 }
 }  // namespace
 
-int main() {
-    std::vector<void*> held;
-    char line[256];
-    cudaFree(nullptr);
-    std::printf("ready\n");
+std::vector<void*> held;
+
+void serve();
+
+void* serve_thread(void*) {
+    std::printf("detach 0\n");
     std::fflush(stdout);
+    serve();
+    std::exit(0);
+}
+
+void serve() {
+    char line[256];
     while (std::fgets(line, sizeof line, stdin)) {
         std::string cmd(line);
         if (cmd.rfind("alloc ", 0) == 0) {
@@ -70,10 +87,29 @@ int main() {
             if (g_exec) cudaGraphExecDestroy(g_exec);
             g_exec = nullptr;
             std::printf("trim %d\n", static_cast<int>(cudaDeviceGraphMemTrim(0)));
+        } else if (cmd.rfind("detach", 0) == 0) {
+            pthread_t t;
+            pthread_create(&t, nullptr, serve_thread, nullptr);
+            pthread_exit(nullptr);
+        } else if (cmd.rfind("exec", 0) == 0) {
+            std::fflush(stdout);
+            char self[] = "/proc/self/exe";
+            char* argv[] = {self, nullptr};
+            execv(self, argv);
+            std::printf("exec %d\n", errno);
+        } else if (cmd.rfind("device ", 0) == 0) {
+            std::printf("device %d\n", static_cast<int>(cudaSetDevice(std::atoi(cmd.c_str() + 7))));
         } else if (cmd.rfind("quit", 0) == 0) {
             break;
         }
         std::fflush(stdout);
     }
+}
+
+int main() {
+    cudaFree(nullptr);
+    std::printf("ready\n");
+    std::fflush(stdout);
+    serve();
     return 0;
 }
