@@ -29,11 +29,18 @@ class DeviceAccount {
   // Charges (delta > 0) or uncharges without a check: memory already taken or given back.
   void add(std::int64_t delta) { charged_.fetch_add(static_cast<std::uint64_t>(delta), std::memory_order_acq_rel); }
   // A forked child holds none of its parent's device memory.
-  void reset() { charged_.store(0, std::memory_order_release); }
+  void reset() {
+    charged_.store(0, std::memory_order_release);
+    unowned_.store(0, std::memory_order_release);
+  }
+  // Of what is charged, the bytes that name the device but no context (in use, all of them).
+  std::uint64_t unowned() const { return unowned_.load(std::memory_order_acquire); }
+  void add_unowned(std::int64_t delta) { unowned_.fetch_add(static_cast<std::uint64_t>(delta), std::memory_order_acq_rel); }
 
  private:
   const std::uint64_t cap_;
   std::atomic<std::uint64_t> charged_{0};
+  std::atomic<std::uint64_t> unowned_{0};
 };
 
 }  // namespace cupool

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <memory>
 
 namespace cupool {
@@ -73,7 +74,30 @@ void log_init(std::string_view level) {
 void log_trace(std::string_view m) { log_at(spdlog::level::trace, m); }
 void log_debug(std::string_view m) { log_at(spdlog::level::debug, m); }
 void log_info(std::string_view m) { log_at(spdlog::level::info, m); }
-void log_warn(std::string_view m) { log_at(spdlog::level::warn, m); }
+void log_warn(std::string_view m) {
+  static std::atomic<std::uint64_t> ooms{0};
+  if (!m.starts_with("out of memory")) {
+    log_at(spdlog::level::warn, m);
+    return;
+  }
+  const std::uint64_t n = ooms.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (n <= kOomWarningsShown) log_at(spdlog::level::warn, m);
+  if (n == kOomWarningsShown) {
+    log_at(spdlog::level::warn,
+           "further out-of-memory warnings are counted, not printed (a count at 10, 100, 1000...); a trace "
+           "(CUPOOL_TRACE) records every one");
+    return;
+  }
+  std::uint64_t power = 10;
+  while (power < n && power <= UINT64_MAX / 10) power *= 10;
+  if (n <= kOomWarningsShown || power != n || g_level.load(std::memory_order_relaxed) > spdlog::level::warn) return;
+  try {
+    log_at(spdlog::level::warn, fmt::format("{} out-of-memory warnings so far, the first {} printed; a trace "
+                                            "(CUPOOL_TRACE) records every one", n, kOomWarningsShown));
+  } catch (...) {
+    // Logging must never throw into the traced program.
+  }
+}
 void log_error(std::string_view m) { log_at(spdlog::level::err, m); }
 
 bool log_debug_enabled() { return g_level.load(std::memory_order_relaxed) <= spdlog::level::debug; }

@@ -16,7 +16,11 @@ void log_init(std::string_view level);
 void log_trace(std::string_view message);
 void log_debug(std::string_view message);
 void log_info(std::string_view message);
+// Out-of-memory warnings (a message that begins "out of memory") are rate-limited: a program that
+// retries a refused allocation gets one per try. The first kOomWarningsShown are printed, then a
+// count at 10, 100, 1000... of them; a trace (CUPOOL_TRACE) records every one.
 void log_warn(std::string_view message);
+inline constexpr unsigned kOomWarningsShown = 5;
 void log_error(std::string_view message);
 
 bool log_debug_enabled();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <map>
 #include <string>
 
 #include "event_clock.h"
@@ -294,11 +295,15 @@ OutsideAnswer ProcessMemory::admit_on_device(int device, std::uint64_t device_to
     warn_device_oom(device, api, bytes, OomClass::share, a);
     return OutsideAnswer::refused_by_share;
   }
+  a.add_unowned(static_cast<std::int64_t>(bytes));
   return OutsideAnswer::ok;
 }
 
 void ProcessMemory::unadmit_on_device(int device, std::uint64_t bytes) {
-  if (DeviceAccount* a = find_account(device)) a->add(-static_cast<std::int64_t>(bytes));
+  if (DeviceAccount* a = find_account(device)) {
+    a->add(-static_cast<std::int64_t>(bytes));
+    a->add_unowned(-static_cast<std::int64_t>(bytes));
+  }
   if (share_) share_->release(device, bytes);
 }
 
@@ -415,6 +420,29 @@ std::uint64_t ProcessMemory::vmm_evict(ContextMemory* c) {
 std::uint64_t ProcessMemory::vmm_free_bytes(ContextMemory* c) const {
   VmmCache* cache = c ? vmm_cache_.load(std::memory_order_acquire) : nullptr;
   return cache ? cache->free_bytes(c->upstream) : 0;
+}
+
+void ProcessMemory::publish_share() {
+  if (!share_) return;
+  // Per device, every context's pool and what names the device alone: in use is what blocks and
+  // memory outside the pools hold; reserved, what the process holds from the driver there.
+  std::map<int, std::pair<std::uint64_t, std::uint64_t>> by_device;  // in use, reserved
+  for_each([&](ContextMemory& c) {
+    const PoolStats s = c.pool->state();
+    const std::uint64_t outside = c.pool->external();
+    auto& [in_use, reserved] = by_device[c.device];
+    in_use += s.in_use + outside;
+    reserved += s.reserved + outside;
+  });
+  {
+    std::lock_guard lock(accounts_mutex_);
+    for (const auto& [device, a] : accounts_) {
+      auto& [in_use, reserved] = by_device[device];
+      in_use += a->unowned();
+      reserved += a->unowned();
+    }
+  }
+  for (const auto& [device, figures] : by_device) share_->publish(device, figures.first, figures.second);
 }
 
 void ProcessMemory::give_back() {

@@ -135,6 +135,9 @@ class ProcessMemory {
   // Wholly free memory goes back to the driver (and so to the budget): what a member does when
   // another waits for room.
   void give_back();
+  // What top and the metrics show of this member, per device (the budget's give-back thread calls
+  // it at least every 100 ms).
+  void publish_share();
 
   // ---- fork: the child has no CUDA (contexts, mappings, driver memory are the parent's).
   void prepare_fork();

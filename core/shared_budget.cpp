@@ -674,20 +674,22 @@ std::vector<SharedBudget::Member> SharedBudget::members() const {
   return out;
 }
 
-void SharedBudget::serve_give_back(std::function<void()> give_back) {
+void SharedBudget::serve_give_back(std::function<void()> give_back, std::function<void()> publish) {
   if (read_only_ || give_back_ != nullptr) return;
   give_back_fn_ = std::move(give_back);
+  publish_fn_ = std::move(publish);
   start_give_back();
 }
 
 void SharedBudget::start_give_back() {
   if (read_only_ || give_back_ != nullptr || !give_back_fn_) return;
-  give_back_ = new std::thread([this, fn = give_back_fn_] {
+  give_back_ = new std::thread([this, fn = give_back_fn_, publish = publish_fn_] {
     std::uint32_t seen = seg_->wanted_seq.load();
     while (!stopping_.load()) {
       futex_wait(&seg_->wanted_seq, seen, 100'000'000);
       const std::uint32_t now = seg_->wanted_seq.load();
       if (stopping_.load()) break;
+      if (publish && mine_.load() != nullptr) publish();  // top's figures, at most 100 ms old
       const bool waits = someone_else_waits(-1);
       if (now == seen && !waits) continue;
       seen = now;

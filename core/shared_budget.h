@@ -142,7 +142,9 @@ class SharedBudget {
 
   // Give-back: `give_back` runs on a thread of this process whenever another member starts
   // waiting for room (it should return wholly free memory to the driver, which releases it).
-  void serve_give_back(std::function<void()> give_back);
+  // `publish` runs on it at least every 100 ms once the process is a member: what top shows of
+  // it (publish()), after frees too, at no cost to allocations.
+  void serve_give_back(std::function<void()> give_back, std::function<void()> publish = nullptr);
 
   // In a forked child: the parent's slot is not the child's (a new one is claimed when needed),
   // nor its locks (the segment is opened again); the give-back thread did not survive the fork.
@@ -198,6 +200,7 @@ class SharedBudget {
   std::atomic<Slot*> mine_{nullptr};
   int my_pid_ = 0;
   std::thread* give_back_ = nullptr;  // never destroyed in a fork child, where it is not ours
+  std::function<void()> publish_fn_;
   std::function<void()> give_back_fn_;  // kept across fork: a child starts its own thread at its first claim
   void start_give_back();
   std::atomic<bool> stopping_{false};

@@ -145,7 +145,8 @@ void activate_once() {
   for (const std::string& warning : unknown_variables(environ)) log_warn(warning);
   log_info(describe(*g_config));
   // When another member of the budget waits for room, this process gives back what it holds idle.
-  if (SharedBudget* share = g_memory->share()) share->serve_give_back([] { g_memory->give_back(); });
+  if (SharedBudget* share = g_memory->share())
+    share->serve_give_back([] { g_memory->give_back(); }, [] { g_memory->publish_share(); });
 }
 
 // Runs `once` exactly once, whichever thread comes first; the others wait for it to finish. A

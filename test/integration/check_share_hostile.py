@@ -234,6 +234,44 @@ def main():
         else:
             print("skipped: files of another user need root")
 
+        # 10. In use and reserved in top, under every policy, after an allocation and after its
+        # free (they were 0 / 0 while 300 MiB was held, or stayed after everything was freed).
+        def figures(budget, pid):
+            for _ in range(100):
+                top = subprocess.run([a.cupool, "top", "--json", "--dir", "/dev/shm"], capture_output=True, text=True,
+                                     timeout=60)
+                for x in json.loads(top.stdout)["budgets"]:
+                    for m in x["members"] if x["name"] == budget else []:
+                        if m["pid"] == pid:
+                            dev = [d for d in m["devices"] if d["device"] == 0]
+                            yield (dev[0]["in_use_bytes"], dev[0]["reserved_bytes"]) if dev else (0, 0)
+                time.sleep(0.05)
+
+        def settles(budget, pid, ok):
+            seen = None
+            for seen in figures(budget, pid):
+                if ok(*seen):
+                    return seen
+            return seen
+
+        MiB = 1 << 20
+        for policy in ("growth", "preallocate", "passthrough", "vmm"):
+            b = fresh()
+            m = Member(a.program, budget_env(b, policy, CUPOOL_POLICY=policy, CUPOOL_PREALLOCATE="512MiB"), policy)
+            if m.ask("alloc 300") != ["0"]:
+                fail(f"{policy}: 300 MiB refused in an empty budget")
+            pid = m.p.pid
+            got = settles(b, pid, lambda u, r: u == 300 * MiB and r >= 300 * MiB)
+            if got is None or got[0] != 300 * MiB or got[1] < 300 * MiB:
+                fail(f"{policy}: top shows in use / reserved {got} while 300 MiB is held")
+            m.ask("free")
+            want_reserved = 0 if policy == "passthrough" else None
+            got = settles(b, pid, lambda u, r: u == 0 and (want_reserved is None or r == want_reserved))
+            if got is None or got[0] != 0 or (want_reserved is not None and got[1] != want_reserved):
+                fail(f"{policy}: top shows in use / reserved {got} after everything was freed")
+            m.quit()
+        done.append("in use and reserved in top")
+
         # 9. The 257th member is told no slot is free, in a line of bounded length. (Not under the
         # sanitizers: 257 instrumented processes at once would take most of a CI machine's memory;
         # the budget's code is the same in both builds.)
