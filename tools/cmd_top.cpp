@@ -16,10 +16,15 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <atomic>
+#include <mutex>
+#include <optional>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "cli.h"
+#include "http_request.h"
 #include "commands.h"
 #include "output.h"
 #include "share_view.h"
@@ -144,6 +149,7 @@ class SkipWarnings {
  public:
   explicit SkipWarnings(const char* command) : command_(command) {}
   void operator()(const ShareScan& scan) {
+    std::lock_guard lock(mu_);  // the server's clients are served on threads of their own
     for (const std::string& s : scan.skipped)
       if (said_.insert(s).second)
         std::fprintf(stderr, "cupool %s: warning: skipping %s\n", command_, clean_text(s, true).c_str());
@@ -151,6 +157,7 @@ class SkipWarnings {
 
  private:
   const char* command_;
+  std::mutex mu_;
   std::set<std::string> said_;
 };
 
@@ -244,36 +251,42 @@ std::string http_response(const char* status, const char* content_type, const st
   return r;
 }
 
-// One request, HTTP/1.0 style: read the head, answer, close. A client that says nothing for
-// 5 s is dropped (the server has one thread).
+// One request, HTTP/1.0 style: read the head, answer, close. The head must come whole within
+// kHeadSeconds, however it drips (a byte every few seconds held every scrape for 45 s when the
+// limit was per read); each client has a thread of its own, so none holds the others.
+constexpr int kHeadSeconds = 5;
 void serve_one(int fd, const std::string& dir, SkipWarnings& warn) {
-  const timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  const timeval send_timeout{kHeadSeconds, 0};
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof send_timeout);
+  timespec start{};
+  clock_gettime(CLOCK_MONOTONIC, &start);
   std::string request;
   char buf[4096];
-  while (request.size() < 16384 && request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos) {
-    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+  while (!http_head_complete(request)) {
+    timespec now{};
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const long long left_ms = kHeadSeconds * 1000ll - ((now.tv_sec - start.tv_sec) * 1000ll +
+                                                       (now.tv_nsec - start.tv_nsec) / 1'000'000);
+    if (left_ms <= 0) return;  // too slow: dropped without an answer
+    pollfd p{fd, POLLIN, 0};
+    const int ready = poll(&p, 1, static_cast<int>(left_ms));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) return;
+    const ssize_t n = recv(fd, buf, std::min(sizeof buf, kMaxRequestHead - request.size()), 0);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
     request.append(buf, static_cast<std::size_t>(n));
   }
   const char* const kText = "text/plain; charset=utf-8";
-  const std::string line = request.substr(0, request.find_first_of("\r\n"));
-  const std::size_t sp1 = line.find(' ');
-  const std::size_t sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
-  if (sp1 == std::string::npos) {
+  const std::optional<HttpRequest> req = parse_http_request(request);
+  if (!req) {
     if (!request.empty()) send_all(fd, http_response("400 Bad Request", kText, "bad request\n", false));
     return;
   }
-  const std::string method = line.substr(0, sp1);
-  std::string path = line.substr(sp1 + 1, sp2 == std::string::npos ? std::string::npos : sp2 - sp1 - 1);
-  path = path.substr(0, path.find('?'));
-  const bool head = method == "HEAD";
-  if (path != "/metrics") {
+  const bool head = req->method == "HEAD";
+  if (req->path != "/metrics") {
     send_all(fd, http_response("404 Not Found", kText, "not found: the metrics are at /metrics\n", head));
-  } else if (method != "GET" && !head) {
+  } else if (req->method != "GET" && !head) {
     send_all(fd, http_response("405 Method Not Allowed", kText, "only GET and HEAD\n", false, "Allow: GET, HEAD\r\n"));
   } else {
     ShareScan scan;
@@ -286,6 +299,9 @@ void serve_one(int fd, const std::string& dir, SkipWarnings& warn) {
     send_all(fd, http_response("200 OK", "text/plain; version=0.0.4; charset=utf-8", metrics_text(scan), head));
   }
 }
+
+// Clients served at once; one more is answered 503 at once rather than queued behind them.
+constexpr int kMaxClients = 64;
 
 int serve_metrics(const ListenAddress& where, const std::string& listen_text, const std::string& dir) {
   const char* const cmd = "metrics";
@@ -337,17 +353,29 @@ int serve_metrics(const ListenAddress& where, const std::string& listen_text, co
   std::fprintf(stderr, "cupool %s: serving http://%s%s%s:%s/metrics\n", cmd, v6 ? "[" : "", host, v6 ? "]" : "", port);
 
   StopSignals signals;
-  SkipWarnings warn(cmd);
+  static SkipWarnings warn(cmd);  // outlives detached client threads
+  static std::atomic<int> clients{0};
   while (signals.readable(fd)) {
     const int client = accept4(fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) {
       if (errno == EMFILE || errno == ENFILE) signals.sleep(100'000'000);  // not a busy loop while out of descriptors
       continue;
     }
-    serve_one(client, dir, warn);
-    close(client);
+    if (clients.load() >= kMaxClients) {
+      send_all(client, http_response("503 Service Unavailable", "text/plain; charset=utf-8", "busy\n", false));
+      close(client);
+      continue;
+    }
+    clients.fetch_add(1);
+    std::thread([client, dir] {
+      serve_one(client, dir, warn);
+      close(client);
+      clients.fetch_sub(1);
+    }).detach();
   }
   close(fd);
+  // Clients still being served finish or time out (each within kHeadSeconds of reading).
+  for (int i = 0; i < 100 * (kHeadSeconds + 1) && clients.load() > 0; ++i) usleep(10'000);
   return kExitOk;
 }
 

@@ -42,6 +42,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -313,6 +314,33 @@ def check_listen(opts, run, name, want):
             check(e.code == 405, f"POST /metrics: {e.code}, expected 405")
         with opener.open(base + "/metrics?x=1", timeout=TIMEOUT) as r:
             check(r.status == 200, f"/metrics?x=1: {r.status}")
+
+        # Clients that drip their request a byte a second (issue 26: one stalled every scrape
+        # for 45 s): other scrapes are answered while they are still sending.
+        drippers = []
+        stop_drip = threading.Event()
+
+        def drip(sock):
+            for ch in b"GET /metrics HTTP/1.0\r\n":
+                if stop_drip.wait(1.0):
+                    return
+                try:
+                    sock.send(bytes([ch]))
+                except OSError:
+                    return
+        for _ in range(3):
+            sock = socket.create_connection(("127.0.0.1", int(m.group(1))), timeout=TIMEOUT)
+            t = threading.Thread(target=drip, args=(sock,), daemon=True)
+            t.start()
+            drippers.append((sock, t))
+        time.sleep(0.5)
+        with opener.open(base + "/metrics", timeout=TIMEOUT) as r:
+            check(r.status == 200 and any(t.is_alive() for _, t in drippers),
+                  "a scrape was not answered while slow clients were still sending")
+        stop_drip.set()
+        for sock, t in drippers:
+            t.join()
+            sock.close()
 
         # The port is taken now: a second server cannot listen there.
         q = run("metrics", "--listen", f"127.0.0.1:{m.group(1)}", rc=4)
