@@ -522,6 +522,24 @@ if wanted("share"):
                  "stderr": p.stderr[-3000:]})
     check("share-budget: admission across processes, class share, memory info, give-back, a killed member "
           "reclaimed, on the GPU", p.returncode == 0, (p.stdout + p.stderr).strip()[-600:])
+    # Issue 26 on the real driver: PID namespaces, pthread_exit, exec, a member SIGKILLed while it
+    # waits and while it claims, planted files, top's figures (check_share_hostile.py --real).
+    p = subprocess.run([PY, os.path.join(HERE, "..", "integration", "check_share_hostile.py"), "--shim", SHIM,
+                        "--sim-dir", empty, "--program", os.path.join(BIN, "prog_share"),
+                        "--cupool", os.path.join(BUILD, "tools", "cupool"), "--real"],
+                       capture_output=True, text=True, timeout=600)
+    runs.append({"name": "share-hostile", "rc": p.returncode, "wall_s": 0, "stdout": p.stdout[-3000:],
+                 "stderr": p.stderr[-3000:]})
+    check("share-hostile: another PID namespace, pthread_exit, exec, killed while waiting or claiming, planted "
+          "files, top's figures, on the GPU", p.returncode == 0, (p.stdout + p.stderr).strip()[-600:])
+    # 8 processes racing for an 8 GiB budget, half in PID namespaces of their own (share_race.py).
+    r = run("share-race", [PY, os.path.join(HERE, "share_race.py"), SHIM, os.path.join(BIN, "prog_share")],
+            timeout=300)
+    rows = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
+    r["race"] = rows
+    check("share-race: 8 racing members (4 in their own PID namespaces) never held more than the 8 GiB budget "
+          "under passthrough, growth and vmm", r["rc"] == 0 and len(rows) == 3 and all(x.get("within_budget") for x in rows),
+          "; ".join(f'{x.get("policy")}: {x.get("most_above_baseline_mib")} MiB' for x in rows))
 
 # ---- Issue 14: several jobs, one budget ---------------------------------------------------------
 # PyTorch trainings started together under fixed preallocated shares, per-process caps and one
