@@ -212,36 +212,45 @@ std::uint64_t LatencyHistogram::quantile(double q) const {
 
 // ---- Series --------------------------------------------------------------------------------
 
+void Series::note_frag(Bucket& b, double lo, double hi) {
+  b.p.frag_min = b.frag_seen ? std::min(b.p.frag_min, lo) : lo;
+  b.p.frag_max = b.frag_seen ? std::max(b.p.frag_max, hi) : hi;
+  b.frag_seen = true;
+}
+
 void Series::widen() {
   // Merge neighbours pairwise: the same span in half the buckets.
   std::vector<Bucket> merged(kBuckets);
+  auto lo = [](Memory& a, const Memory& b) {
+    a.requested = std::min(a.requested, b.requested);
+    a.in_use = std::min(a.in_use, b.in_use);
+    a.reserved = std::min(a.reserved, b.reserved);
+    a.largest_free = std::min(a.largest_free, b.largest_free);
+    a.free = std::min(a.free, b.free);
+  };
+  auto hi = [](Memory& a, const Memory& b) {
+    a.requested = std::max(a.requested, b.requested);
+    a.in_use = std::max(a.in_use, b.in_use);
+    a.reserved = std::max(a.reserved, b.reserved);
+    a.largest_free = std::max(a.largest_free, b.largest_free);
+    a.free = std::max(a.free, b.free);
+  };
   for (std::size_t i = 0; i < kBuckets; ++i) {
     Bucket& out = merged[i / 2];
     const Bucket& in = buckets_[i];
+    out.p.t = (i / 2) * width_ * 2;
+    out.frag_ns += in.frag_ns;
+    out.known_ns += in.known_ns;
+    if (in.frag_seen) note_frag(out, in.p.frag_min, in.p.frag_max);
     if (!in.set) continue;
     if (!out.set) {
-      out = in;
-      out.p.t = (i / 2) * width_ * 2;
-      continue;
+      out.set = true;
+      out.p.min = in.p.min;
+      out.p.max = in.p.max;
+    } else {
+      lo(out.p.min, in.p.min);
+      hi(out.p.max, in.p.max);
     }
-    auto lo = [](Memory& a, const Memory& b) {
-      a.requested = std::min(a.requested, b.requested);
-      a.in_use = std::min(a.in_use, b.in_use);
-      a.reserved = std::min(a.reserved, b.reserved);
-      a.largest_free = std::min(a.largest_free, b.largest_free);
-      a.free = std::min(a.free, b.free);
-    };
-    auto hi = [](Memory& a, const Memory& b) {
-      a.requested = std::max(a.requested, b.requested);
-      a.in_use = std::max(a.in_use, b.in_use);
-      a.reserved = std::max(a.reserved, b.reserved);
-      a.largest_free = std::max(a.largest_free, b.largest_free);
-      a.free = std::max(a.free, b.free);
-    };
-    lo(out.p.min, in.p.min);
-    hi(out.p.max, in.p.max);
-    out.p.frag_min = std::min(out.p.frag_min, in.p.frag_min);
-    out.p.frag_max = std::max(out.p.frag_max, in.p.frag_max);
     out.p.last = in.p.last;  // the later bucket's last value
     out.p.frag_last = in.p.frag_last;
   }
@@ -249,17 +258,44 @@ void Series::widen() {
   width_ *= 2;
 }
 
-void Series::add(std::uint64_t t, const Memory& m) {
+void Series::fit(std::uint64_t rel) {
   if (buckets_.empty()) buckets_.resize(kBuckets);
-  const std::uint64_t rel = t > origin_ ? t - origin_ : 0;
   while (rel / width_ >= kBuckets) widen();
-  Bucket& b = buckets_[rel / width_];
+}
+
+void Series::weigh(std::uint64_t from, std::uint64_t to, double frag) {
+  frag_weighted_ += static_cast<long double>(frag) * static_cast<long double>(to - from);
+  frag_time_ += to - from;
+  const std::uint64_t a = from > origin_ ? from - origin_ : 0, b = to > origin_ ? to - origin_ : 0;
+  if (a >= b) return;
+  for (std::uint64_t i = a / width_; i <= (b - 1) / width_; ++i) {
+    const std::uint64_t start = i * width_;
+    const std::uint64_t span = std::min(b, start + width_) - std::max(a, start);
+    Bucket& bucket = buckets_[i];
+    bucket.p.t = start;
+    bucket.frag_ns += frag * static_cast<double>(span);
+    bucket.known_ns += span;
+    note_frag(bucket, frag, frag);
+  }
+}
+
+void Series::add(std::uint64_t t, const Memory& m) {
+  const std::uint64_t rel = t > origin_ ? t - origin_ : 0;
+  fit(rel);
+  // The value before this one held from the latest sample until now.
+  if (started_ && t > last_t_) weigh(last_t_, t, last_frag_);
+  if (!started_ || t > last_t_) last_t_ = t;
+  started_ = true;
   const double f = m.fragmentation();
+  last_frag_ = f;
+
+  Bucket& b = buckets_[rel / width_];
+  note_frag(b, f, f);
+  b.p.frag_last = f;
   if (!b.set) {
     b.set = true;
     b.p.t = rel / width_ * width_;
     b.p.min = b.p.max = b.p.last = m;
-    b.p.frag_min = b.p.frag_max = b.p.frag_last = f;
     return;
   }
   b.p.min.requested = std::min(b.p.min.requested, m.requested);
@@ -273,15 +309,16 @@ void Series::add(std::uint64_t t, const Memory& m) {
   b.p.max.largest_free = std::max(b.p.max.largest_free, m.largest_free);
   b.p.max.free = std::max(b.p.max.free, m.free);
   b.p.last = m;
-  b.p.frag_min = std::min(b.p.frag_min, f);
-  b.p.frag_max = std::max(b.p.frag_max, f);
-  b.p.frag_last = f;
 }
 
 std::vector<Series::Point> Series::points() const {
   std::vector<Point> out;
-  for (const Bucket& b : buckets_)
-    if (b.set) out.push_back(b.p);
+  for (const Bucket& b : buckets_) {
+    if (!b.set) continue;
+    out.push_back(b.p);
+    // A bucket with no time weighed yet (the only sample so far) shows its value.
+    out.back().frag_mean = b.known_ns ? b.frag_ns / static_cast<double>(b.known_ns) : b.p.frag_last;
+  }
   return out;
 }
 
@@ -411,18 +448,14 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line, const
     default: break;
   }
 
+  fold(d, e);
+}
+
+void Analysis::fold(DeviceStats& d, const Event& e) {
   const Memory before = d.fold.now();
   d.fold.apply(e);
   const Memory& m = d.fold.now();
-
-  // Time-weighted fragmentation: the value before this event held since the last one.
-  if (d.started && e.t_ns > d.last_t) {
-    const std::uint64_t dt = e.t_ns - d.last_t;
-    d.frag_weighted += static_cast<long double>(before.fragmentation()) * static_cast<long double>(dt);
-    d.frag_time += dt;
-  }
   const bool first = !d.started;
-  if (first || e.t_ns > d.last_t) d.last_t = e.t_ns;
   d.started = true;
 
   const double frag = m.fragmentation();
@@ -459,6 +492,20 @@ void Analysis::add(std::size_t source, const Event& e, std::uint64_t line, const
   total.series.add(e.t_ns, sum);
 }
 
+void Analysis::exit(std::size_t source, std::uint64_t t) {
+  if (source >= sources_.size() || sources_[source].events == 0) return;  // it held nothing
+  SourceStats& s = sources_[source];
+  s.exit_t = std::max(t, s.last_t);
+  // What the driver does at exit, as at a context reset: every allocation and the pool gone.
+  for (auto& [dev, d] : s.devices) {
+    Event gone;
+    gone.kind = EventKind::context_reset;
+    gone.device = dev;
+    gone.t_ns = s.exit_t;
+    fold(d, gone);
+  }
+}
+
 void Analysis::finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer,
                       std::string truncated) {
   SourceStats& s = sources_[source];
@@ -480,7 +527,7 @@ void Analysis::finish(std::size_t source, std::vector<DeviceInfo> devices, std::
 
 std::uint64_t Analysis::end() const {
   std::uint64_t t = origin_;
-  for (const auto& s : sources_) t = std::max(t, s.last_t);
+  for (const auto& s : sources_) t = std::max({t, s.last_t, s.exit_t});
   return t;
 }
 
@@ -545,14 +592,27 @@ void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress
   std::vector<std::size_t> index(n);
   for (std::size_t i = 0; i < n; ++i) index[i] = out.add_source(inputs[i]->meta());
 
-  // Every trace's events on one clock, merged on it; the earliest is time zero.
+  // Every trace's events on one clock, merged on it; the earliest is time zero. A trace that has
+  // ended waits, as its process's exit, for the merged clock to reach its exit time.
   const std::vector<std::uint64_t> shift = clock_shifts(inputs);
   std::vector<Event> head(n);
-  std::vector<bool> live(n);
+  std::vector<bool> live(n), exiting(n);
+  std::vector<std::uint64_t> last(n), exit_at(n);
   auto next = [&](std::size_t i) {
     live[i] = inputs[i]->next(head[i]);
-    if (live[i]) head[i].t_ns += shift[i];
-    else if (visitor) visitor->end(index[i], *inputs[i]);
+    if (live[i]) {
+      head[i].t_ns += shift[i];
+      last[i] = std::max(last[i], head[i].t_ns);
+      return;
+    }
+    exiting[i] = true;
+    exit_at[i] = last[i];
+    if (const auto end = inputs[i]->end_mono_ns()) exit_at[i] = std::max(last[i], *end + shift[i]);
+  };
+  auto leave = [&](std::size_t i) {
+    exiting[i] = false;
+    out.exit(index[i], exit_at[i]);
+    if (visitor) visitor->end(index[i], exit_at[i], *inputs[i]);
   };
   std::uint64_t origin = ~std::uint64_t{0};
   for (std::size_t i = 0; i < n; ++i) {
@@ -568,14 +628,21 @@ void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress
   std::uint64_t count = 0;
   progress = progress && stderr_is_terminal();
 
-  // Merge by time; within one trace, file order.
+  // Merge by time; within one trace, file order. An exit goes before events of its time.
   for (;;) {
-    std::size_t pick = n;
+    std::size_t pick = n, gone = n;
     if (n == 1) {
       pick = live[0] ? 0 : 1;
+      gone = exiting[0] ? 0 : 1;
     } else {
-      for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t i = 0; i < n; ++i) {
         if (live[i] && (pick == n || head[i].t_ns < head[pick].t_ns)) pick = i;
+        if (exiting[i] && (gone == n || exit_at[i] < exit_at[gone])) gone = i;
+      }
+    }
+    if (gone != n && (pick == n || exit_at[gone] <= head[pick].t_ns)) {
+      leave(gone);
+      continue;
     }
     if (pick == n) break;
     out.add(index[pick], head[pick], inputs[pick]->line(), inputs[pick]->stack(head[pick].stack));

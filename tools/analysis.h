@@ -110,29 +110,51 @@ class LatencyHistogram {
 };
 
 // A bounded time series of Memory: kBuckets buckets of equal width from `origin`, the width
-// doubling whenever the trace outgrows them. Each bucket keeps the min, max and last values.
+// doubling whenever the trace outgrows them. Each bucket keeps the min, max and last values, and
+// the time-weighted mean of the fragmentation over the bucket (each value weighs as long as it
+// held, as the mean over the whole trace does: a chart of bucket maxima shows a brief spike as a
+// plateau).
 class Series {
  public:
   static constexpr std::size_t kBuckets = 1024;
   struct Point {
     std::uint64_t t = 0;  // bucket start, ns since origin
     Memory min, max, last;
-    double frag_min = 0, frag_max = 0, frag_last = 0;
+    // Over every value held during the bucket, the one carried in from before its first sample
+    // included: the mean lies between min and max.
+    double frag_min = 0, frag_max = 0, frag_last = 0, frag_mean = 0;
   };
   explicit Series(std::uint64_t origin = 0) : origin_(origin) {}
+  // The value from `t` on. Samples out of time order (threads' lines interleaved) are taken as
+  // the latest value, and weigh from the latest time seen.
   void add(std::uint64_t t, const Memory& m);
   std::vector<Point> points() const;  // the buckets that got a value, in time order
   std::uint64_t width() const { return width_; }
+  // The time-weighted mean fragmentation from the first sample to the last (0 before two).
+  double frag_mean() const {
+    return frag_time_ ? static_cast<double>(frag_weighted_ / static_cast<long double>(frag_time_)) : 0.0;
+  }
 
  private:
   struct Bucket {
-    bool set = false;
+    bool set = false;        // a sample fell in it (else only a value carried across it)
+    bool frag_seen = false;  // frag_min/max hold a value
     Point p;
+    double frag_ns = 0;           // fragmentation x ns held within the bucket
+    std::uint64_t known_ns = 0;   // ns of the bucket with a value
   };
   void widen();
+  void fit(std::uint64_t rel);  // widen until `rel` falls in a bucket
+  void weigh(std::uint64_t from, std::uint64_t to, double frag);  // `frag` held over [from, to)
+  static void note_frag(Bucket& b, double lo, double hi);
   std::uint64_t origin_;
   std::uint64_t width_ = 1000;  // ns
   std::vector<Bucket> buckets_;
+  bool started_ = false;
+  std::uint64_t last_t_ = 0;  // the latest sample time
+  double last_frag_ = 0;      // the latest sample's fragmentation
+  long double frag_weighted_ = 0;  // fragmentation x ns, first sample to last
+  std::uint64_t frag_time_ = 0;
 };
 
 struct OomInfo {
@@ -182,14 +204,10 @@ struct DeviceStats {
   std::uint64_t peak_reserved = 0, peak_reserved_t = 0;
   std::uint64_t peak_requested = 0;
   double frag_max = 0;
-  long double frag_weighted = 0;  // fragmentation x ns
-  std::uint64_t frag_time = 0, last_t = 0;
   bool started = false;
   std::uint64_t allocs = 0, frees = 0, failed_allocs = 0, grows = 0, grow_bytes = 0, releases = 0,
                 release_bytes = 0, ooms = 0;
-  double frag_mean() const {
-    return frag_time ? static_cast<double>(frag_weighted / static_cast<long double>(frag_time)) : 0.0;
-  }
+  double frag_mean() const { return series.frag_mean(); }
   double reserved_ratio() const {
     return peak_in_use ? static_cast<double>(peak_reserved) / static_cast<double>(peak_in_use) : 0.0;
   }
@@ -201,6 +219,8 @@ struct SourceStats {
   std::vector<DeviceInfo> device_infos;
   std::uint64_t events = 0, first_t = 0, last_t = 0, dropped = 0;
   bool has_footer = false;
+  // When the process exited and its memory went back (Analysis::exit); 0: not yet.
+  std::uint64_t exit_t = 0;
   std::string truncated;  // the reader's message when the last line was cut short, else ""
   std::vector<ApiStats> apis;  // in order of first appearance
   std::map<int, DeviceStats> devices;
@@ -233,9 +253,13 @@ class Analysis {
   // Device lines, drops and footers, then the values that need the whole trace.
   void finish(std::size_t source, std::vector<DeviceInfo> devices, std::uint64_t dropped, bool has_footer,
               std::string truncated = "");
+  // The process of trace `source` exited at `t`: everything it held on every device is gone (the
+  // driver takes it back), from its own figures and from the sums. Called in time order with the
+  // events of the other traces. Peaks stay; a source not added yet is ignored.
+  void exit(std::size_t source, std::uint64_t t);
 
   std::uint64_t origin() const { return origin_; }
-  std::uint64_t end() const;  // the last event of all traces
+  std::uint64_t end() const;  // the last event or exit of all traces
   const std::vector<SourceStats>& sources() const { return sources_; }
   const std::map<int, DeviceTotal>& totals() const { return totals_; }
   std::uint64_t events() const;
@@ -247,21 +271,24 @@ class Analysis {
   DeviceStats& device(SourceStats& s, int device);
   ApiStats& api(SourceStats& s, const Event& e);
   void note_largest(SourceStats& s, const Event& e, const Stack* stack);
+  // `e` changes the memory of one process on one device (`d`): its figures, series and the sums.
+  void fold(DeviceStats& d, const Event& e);
   std::uint64_t origin_ = 0;
   std::vector<SourceStats> sources_;
   std::map<int, DeviceTotal> totals_;
 };
 
 // Reads every trace, merged by time (traces of other boots placed by the wall clock), into an
-// Analysis. `progress`: a line on stderr, refreshed, when reading takes more than a second and
-// stderr is a terminal. `visit(source, event)` (may be empty) sees each event after the analysis
-// did, with `t` on the merged clock. Throws TraceError.
+// Analysis. Each process exits, in that order too, at its footer's end time, else (killed) at its
+// last event: Analysis::exit. `progress`: a line on stderr, refreshed, when reading takes more
+// than a second and stderr is a terminal. `visit(source, event)` (may be empty) sees each event
+// after the analysis did, with `t` on the merged clock. Throws TraceError.
 class EventVisitor {
  public:
   virtual ~EventVisitor() = default;
   virtual void visit(std::size_t source, const Event& e, TraceInput& input) = 0;
-  // After the last event of trace `source` (its process has exited).
-  virtual void end(std::size_t /*source*/, TraceInput& /*input*/) {}
+  // The process of trace `source` exited at `t` (merged clock), after the analysis saw it.
+  virtual void end(std::size_t /*source*/, std::uint64_t /*t*/, TraceInput& /*input*/) {}
 };
 void analyze(const std::vector<std::string>& paths, Analysis& out, bool progress, const char* command,
              EventVisitor* visitor = nullptr);

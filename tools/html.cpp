@@ -2,6 +2,7 @@
 // resource), so it opens offline and in any browser. Charts: memory over time (requested, in use,
 // reserved, cap) with out-of-memory markers, fragmentation over time, latency histograms.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 
@@ -42,6 +43,14 @@ struct Line {
   bool step = true;
 };
 
+// A filled range under the lines: from lo to hi at each step.
+struct Band {
+  std::string key;
+  std::string label;
+  std::string color;
+  std::vector<std::array<double, 3>> points;  // (x, lo, hi), x ascending
+};
+
 struct Marker {
   double x;
   std::string text;
@@ -78,6 +87,14 @@ std::string y_label(double v, YFormat f) {
   return human_size(static_cast<std::uint64_t>(v));
 }
 
+// An x-axis label centred on its tick, or ending at it near the right edge (where a centred
+// label would run past the chart and be cut off).
+std::string x_label(double x, const std::string& text) {
+  const bool at_right = x > kW - kRight - 40;
+  return "<text class=\"xlab" + std::string(at_right ? " end" : "") + "\" x=\"" + num(x) + "\" y=\"" +
+         num(kH - kBottom + 16) + "\">" + esc(text) + "</text>\n";
+}
+
 std::string time_label(double s, double span) {
   char buf[32];
   if (span < 0.01) std::snprintf(buf, sizeof buf, "%.0f us", s * 1e6);
@@ -88,11 +105,14 @@ std::string time_label(double s, double span) {
 
 // One chart over time. x in seconds since the first event.
 std::string time_chart(const std::string& kind, const std::string& title, double x_max, const std::vector<Line>& lines,
-                       YFormat yf, const std::vector<Marker>& markers, double y_fixed_max = 0) {
+                       YFormat yf, const std::vector<Marker>& markers, double y_fixed_max = 0,
+                       const std::vector<Band>& bands = {}) {
   if (x_max <= 0) x_max = 1e-6;
   double y_data = 0;
   for (const auto& l : lines)
     for (const auto& p : l.points) y_data = std::max(y_data, p.second);
+  for (const auto& b : bands)
+    for (const auto& p : b.points) y_data = std::max(y_data, p[2]);
   auto [y_max, y_step] = y_fixed_max > 0 ? std::pair<double, double>{y_fixed_max, y_fixed_max / 4}
                                          : nice_axis(y_data, yf == YFormat::bytes);
   const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
@@ -114,10 +134,21 @@ std::string time_chart(const std::string& kind, const std::string& title, double
   (void)x_end;
   for (double x = 0; x <= x_max * 1.0001; x += x_step) {
     s += "<line class=\"grid\" x1=\"" + num(X(x)) + "\" x2=\"" + num(X(x)) + "\" y1=\"" + num(kTop) + "\" y2=\"" +
-         num(kTop + ph) + "\"/><text class=\"xlab\" x=\"" + num(X(x)) + "\" y=\"" + num(kTop + ph + 16) + "\">" +
-         esc(time_label(x, x_max)) + "</text>\n";
+         num(kTop + ph) + "\"/>" + x_label(X(x), time_label(x, x_max));
   }
   s += "<text class=\"xtitle\" x=\"" + num(kLeft + pw) + "\" y=\"" + num(kH - 2) + "\">time since the first event</text>\n";
+  // Bands under the lines: along hi to the right, back along lo.
+  for (const auto& b : bands) {
+    if (b.points.empty()) continue;
+    const auto& pts = b.points;
+    std::string d = "M" + num(X(pts.front()[0])) + " " + num(Y(pts.front()[2]));
+    for (std::size_t i = 1; i < pts.size(); ++i) d += "H" + num(X(pts[i][0])) + "V" + num(Y(pts[i][2]));
+    d += "H" + num(X(x_max)) + "V" + num(Y(pts.back()[1]));
+    for (std::size_t i = pts.size() - 1; i > 0; --i) d += "H" + num(X(pts[i][0])) + "V" + num(Y(pts[i - 1][1]));
+    d += "H" + num(X(pts.front()[0])) + "Z";
+    s += "<path class=\"band\" data-series=\"" + b.key + "\" data-points=\"" + std::to_string(pts.size()) + "\" d=\"" +
+         d + "\" fill=\"" + b.color + "\"><title>" + esc(b.label) + "</title></path>\n";
+  }
   // Series.
   for (const auto& l : lines) {
     if (l.points.empty()) continue;
@@ -141,6 +172,8 @@ std::string time_chart(const std::string& kind, const std::string& title, double
   s += "</svg>\n<div class=\"legend\">";
   for (const auto& l : lines)
     s += "<span><i style=\"background:" + l.color + "\"></i>" + esc(l.label) + "</span>";
+  for (const auto& b : bands)
+    s += "<span><i class=\"band-key\" style=\"background:" + b.color + "\"></i>" + esc(b.label) + "</span>";
   if (!markers.empty()) s += "<span><i class=\"oom-key\"></i>out of memory (" + std::to_string(markers.size()) + ")</span>";
   s += "</div></figure>\n";
   return s;
@@ -148,30 +181,65 @@ std::string time_chart(const std::string& kind, const std::string& title, double
 
 double secs(std::uint64_t rel_ns) { return static_cast<double>(rel_ns) / 1e9; }
 
+// A series' buckets as steps: each bucket's figure from its start (`held` false); where the
+// next bucket with a value is not adjacent, and after the last, its last value holds (`held`).
+// So a process that exited drops at its exit, and a gap shows the value that held over it.
+struct Step {
+  double x;
+  const Series::Point* p;
+  bool held;
+};
+std::vector<Step> steps(const std::vector<Series::Point>& points, std::uint64_t width) {
+  std::vector<Step> out;
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    out.push_back({secs(points[i].t), &points[i], false});
+    if (i + 1 == points.size() || points[i + 1].t > points[i].t + width)
+      out.push_back({secs(points[i].t + width), &points[i], true});
+  }
+  return out;
+}
+
+// Requested is drawn last, dashed: it is often the same as in use, and would hide under it.
 std::vector<Line> memory_lines(const Series& series, std::uint64_t cap, double x_max) {
-  std::vector<Line> lines = {{"requested", "requested", "#1f77b4", {}, false, true},
+  std::vector<Line> lines = {{"reserved", "reserved", "#ff7f0e", {}, false, true},
                              {"in_use", "in use", "#2ca02c", {}, false, true},
-                             {"reserved", "reserved", "#ff7f0e", {}, false, true}};
-  for (const auto& p : series.points()) {
-    const double x = secs(p.t);
-    lines[0].points.emplace_back(x, static_cast<double>(p.max.requested));
-    lines[1].points.emplace_back(x, static_cast<double>(p.max.in_use));
-    lines[2].points.emplace_back(x, static_cast<double>(p.max.reserved));
+                             {"requested", "requested (dashed)", "#1f77b4", {}, true, true}};
+  const std::vector<Series::Point> points = series.points();
+  for (const Step& st : steps(points, series.width())) {
+    const Memory& m = st.held ? st.p->last : st.p->max;
+    lines[0].points.emplace_back(st.x, static_cast<double>(m.reserved));
+    lines[1].points.emplace_back(st.x, static_cast<double>(m.in_use));
+    lines[2].points.emplace_back(st.x, static_cast<double>(m.requested));
   }
   // A cap far above the data would flatten it: then the legend names it and no line is drawn.
   std::uint64_t top = 0;
-  for (const auto& p : series.points()) top = std::max({top, p.max.reserved, p.max.in_use, p.max.requested});
+  for (const auto& p : points) top = std::max({top, p.max.reserved, p.max.in_use, p.max.requested});
   if (cap && cap <= 2 * top)
-    lines.push_back({"cap", "cap " + human_size(cap), "#d62728", {{0, double(cap)}, {x_max, double(cap)}}, true, false});
+    lines.insert(lines.begin(), {"cap", "cap " + human_size(cap), "#d62728", {{0, double(cap)}, {x_max, double(cap)}}, true, false});
   else if (cap)
-    lines.push_back({"cap", "cap " + human_size(cap) + " (above the chart)", "#d62728", {}, true, false});
+    lines.insert(lines.begin(), {"cap", "cap " + human_size(cap) + " (above the chart)", "#d62728", {}, true, false});
   return lines;
 }
 
-std::vector<Line> frag_lines(const Series& series) {
-  std::vector<Line> lines = {{"fragmentation", "external fragmentation (1 - largest free / free)", "#9467bd", {}, false, true}};
-  for (const auto& p : series.points()) lines[0].points.emplace_back(secs(p.t), p.frag_max);
-  return lines;
+// Fragmentation: each bucket's time-weighted mean as the line, its min to max as a band (a
+// bucket's maximum alone shows a moment's spike as a plateau).
+struct FragChart {
+  std::vector<Line> lines;
+  std::vector<Band> bands;
+};
+FragChart frag_chart(const Series& series) {
+  const std::string every = human_duration(series.width());
+  FragChart c;
+  c.lines = {{"fragmentation", "external fragmentation (1 - largest free / free): time-weighted mean per " + every,
+              "#9467bd", {}, false, true}};
+  c.bands = {{"fragmentation-range", "its min to max within each " + every, "#9467bd", {}}};
+  const std::vector<Series::Point> points = series.points();
+  for (const Step& st : steps(points, series.width())) {
+    const Series::Point& p = *st.p;
+    c.lines[0].points.emplace_back(st.x, st.held ? p.frag_last : p.frag_mean);
+    c.bands[0].points.push_back({st.x, st.held ? p.frag_last : p.frag_min, st.held ? p.frag_last : p.frag_max});
+  }
+  return c;
 }
 
 // Latency: one step outline per API over log-scaled buckets (4 per power of two).
@@ -216,8 +284,7 @@ std::string latency_chart(const std::string& title, const std::vector<const ApiS
   for (int d = 0; d <= static_cast<int>(l1 - l0); ++d) {
     const double x = X(d * kPerDecade);
     s += "<line class=\"grid\" x1=\"" + num(x) + "\" x2=\"" + num(x) + "\" y1=\"" + num(kTop) + "\" y2=\"" + num(kTop + ph) +
-         "\"/><text class=\"xlab\" x=\"" + num(x) + "\" y=\"" + num(kTop + ph + 16) + "\">" +
-         esc(human_duration(static_cast<std::uint64_t>(std::pow(10.0, l0 + d)))) + "</text>\n";
+         "\"/>" + x_label(x, human_duration(static_cast<std::uint64_t>(std::pow(10.0, l0 + d))));
   }
   s += "<text class=\"xtitle\" x=\"" + num(kLeft + pw) + "\" y=\"" + num(kH - 2) + "\">call duration (log scale); calls per bin</text>\n";
   for (std::size_t a = 0; a < apis.size(); ++a) {
@@ -244,16 +311,22 @@ constexpr const char* kStyle = R"(
 body{font:14px/1.4 system-ui,-apple-system,"Segoe UI",sans-serif;margin:24px;color:#222;background:#fafafa}
 h1{font-size:22px;margin:0 0 4px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #ddd}
 h3{font-size:15px;margin:16px 0 6px} .sub{color:#666}
-table{border-collapse:collapse;margin:8px 0;background:#fff} td,th{border:1px solid #ddd;padding:3px 8px;text-align:right}
-th:first-child,td:first-child{text-align:left} th{background:#f0f0f0}
-.traces{display:flex;flex-wrap:wrap;gap:0 16px} .traces section{width:900px}
+table{border-collapse:collapse;margin:8px 0;background:#fff;max-width:100%} td,th{border:1px solid #ddd;padding:3px 6px;text-align:right}
+th:first-child,td:first-child{text-align:left} th{background:#f0f0f0} th[colspan]{text-align:center}
+table.summary{font-size:13px} table.summary td:first-child{min-width:8em}
+@media (max-width:900px){body{margin:12px}}
+table.summary td:first-child,table.left td{overflow-wrap:anywhere}
+.traces{display:flex;flex-wrap:wrap;gap:0 16px} .traces section{width:900px;max-width:100%}
 .legend{max-width:880px}
-.chart-box{margin:8px 0;background:#fff;border:1px solid #ddd;padding:8px;display:inline-block}
+.chart-box{margin:8px 0;background:#fff;border:1px solid #ddd;padding:8px;display:inline-block;max-width:100%;box-sizing:border-box}
+svg.chart{display:block;max-width:100%;height:auto}
 figcaption{font-weight:600;margin-bottom:4px}
 svg.chart .plot{fill:#fff;stroke:#999} svg.chart .grid{stroke:#eee} svg.chart text{font-size:11px;fill:#555}
-svg.chart .ylab{text-anchor:end} svg.chart .xlab{text-anchor:middle} svg.chart .xtitle{text-anchor:end;font-style:italic}
+svg.chart .ylab{text-anchor:end} svg.chart .xlab{text-anchor:middle} svg.chart .xlab.end{text-anchor:end}
+svg.chart .xtitle{text-anchor:end;font-style:italic}
 table.left td{text-align:left}
 svg.chart path.series{fill:none;stroke-width:1.8} svg.chart path.hist{stroke-width:1.4}
+svg.chart path.band{stroke:none;fill-opacity:0.22} .legend i.band-key{opacity:0.35}
 svg.chart .oom line{stroke:#d62728;stroke-dasharray:3 3} svg.chart .oom path{fill:#d62728}
 .legend span{margin-right:16px;font-size:12px} .legend i{display:inline-block;width:12px;height:12px;margin-right:4px;vertical-align:-2px}
 .legend i.oom-key{background:#d62728;clip-path:polygon(0 0,100% 0,50% 100%)}
@@ -279,9 +352,10 @@ std::string report_html(const Analysis& a) {
        esc(human_duration(a.end() - origin)) + "; times are since the first event</div>\n";
 
   // Summary table: one row per trace and device.
-  h += "<h2>Summary</h2>\n<table class=\"summary\"><tr><th>trace</th><th>device</th><th>policy</th><th>peak requested</th>"
-       "<th>peak in use</th><th>peak reserved</th><th>reserved / in use</th><th>fragmentation at peak</th>"
-       "<th>mean</th><th>out of memory</th><th>writer drops</th></tr>\n";
+  h += "<h2>Summary</h2>\n<table class=\"summary\"><tr><th rowspan=\"2\">trace</th><th rowspan=\"2\">device</th>"
+       "<th rowspan=\"2\">policy</th><th colspan=\"3\">peak</th><th rowspan=\"2\">reserved / in use</th>"
+       "<th colspan=\"2\">fragmentation</th><th rowspan=\"2\">out of memory</th><th rowspan=\"2\">writer drops</th></tr>\n"
+       "<tr><th>requested</th><th>in use</th><th>reserved</th><th>at peak in use</th><th>mean over time</th></tr>\n";
   for (std::size_t i = 0; i < sources.size(); ++i) {
     const auto& s = sources[i];
     for (const auto& [dev, d] : s.devices) {
@@ -326,8 +400,9 @@ std::string report_html(const Analysis& a) {
         if (o.device == dev) markers.push_back({secs(o.t > origin ? o.t - origin : 0), oom_marker_text(o, origin)});
       h += time_chart("memory", device_title(d.info, dev) + ": memory over time", x_max,
                       memory_lines(d.series, d.cap, x_max), YFormat::bytes, markers);
-      h += time_chart("fragmentation", device_title(d.info, dev) + ": fragmentation over time", x_max,
-                      frag_lines(d.series), YFormat::percent, markers, 1.0);
+      const FragChart frag = frag_chart(d.series);
+      h += time_chart("fragmentation", device_title(d.info, dev) + ": fragmentation over time", x_max, frag.lines,
+                      YFormat::percent, markers, 1.0, frag.bands);
     }
     std::vector<const ApiStats*> apis;
     for (const auto& api : s.apis)

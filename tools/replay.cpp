@@ -608,21 +608,14 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
   }
 }
 
-void Replayer::end(std::size_t source, TraceInput&) {
+void Replayer::end(std::size_t source, std::uint64_t t, TraceInput&) {
   for (auto& run : runs_) {
     auto it = run->procs.find(source);
     if (it == run->procs.end()) continue;
     Run::Process& proc = it->second;
     proc.memory->drop_if([](const ContextMemory&) { return true; },
                          [](ContextMemory& c) { static_cast<ReplayContext*>(c.upstream)->detach(); });
-    // The analysis forgets what it held, as at a context reset, when its last event was replayed.
-    for (const auto& [device, key] : proc.context_key) {
-      Event gone;
-      gone.kind = EventKind::context_reset;
-      gone.device = device;
-      gone.t_ns = run->now;
-      run->analysis.add(source, gone, 0);
-    }
+    run->analysis.exit(source, t);  // as the recording's analysis does
     proc.outside.clear();
     proc.context_key.clear();
     proc.on_device.clear();

@@ -55,7 +55,7 @@ class Replayer final : public EventVisitor {
   ~Replayer() override;
   void visit(std::size_t source, const Event& e, TraceInput& input) override;
   // The process has exited: the driver takes all its memory back (and the budget its claims).
-  void end(std::size_t source, TraceInput& input) override;
+  void end(std::size_t source, std::uint64_t t, TraceInput& input) override;
   struct Stopped {};  // thrown by visit() when options.stop is met
   // After the last event: device lines, drops and footers of the recorded traces.
   void finish(const Analysis& recorded);

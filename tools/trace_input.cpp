@@ -61,6 +61,12 @@ std::uint64_t TraceInput::dropped() const { return reader_->dropped(); }
 
 bool TraceInput::has_footer() const { return reader_->footer().has_value(); }
 
+std::optional<std::uint64_t> TraceInput::end_mono_ns() const {
+  const auto& footer = reader_->footer();
+  if (!footer || footer->end_mono_ns == 0) return std::nullopt;
+  return footer->end_mono_ns;
+}
+
 std::uint64_t TraceInput::bytes_read() { return size_ ? std::min(reader_->bytes_read(), size_) : 0; }
 
 }  // namespace cupool::tools

@@ -52,6 +52,9 @@ class TraceInput {
   // An event's `stack` (CUPOOL_TRACE_STACKS): its frames, or nullptr. Valid until the next next().
   const Stack* stack(std::uint32_t id) const { return reader_->stack(id); }
   bool has_footer() const;                  // false: the process did not exit normally
+  // When the process exited (CLOCK_MONOTONIC, the clock of `t`): its footer's end time; nothing
+  // without a footer, or in one that has none.
+  std::optional<std::uint64_t> end_mono_ns() const;
   std::uint64_t bytes_read();               // for progress
   std::uint64_t size() const { return size_; }
   std::uint64_t line() const { return reader_->line_number(); }  // of the event last read

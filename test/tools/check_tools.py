@@ -11,10 +11,16 @@ CHECK:
                       budget (refusals, the wait's give-back), --min-budget and --min-capacity
   fuzz                malformed traces: a clear message with the line number, exit 3, no crash
   html                the HTML report rendered in headless Chromium: charts drawn, screenshot not
-                      blank (exit 77, skipped, when chromium is not installed)
-  run --shim LIB --sim-dir DIR --program PROG
+                      blank, no label cut off, no sideways scrolling at 950 and 800 px (exit 77,
+                      skipped, when chromium is not installed)
+  summed              figures summed over processes (report, the HTML charts, replay's recorded
+                      column) count only the processes alive at each moment
+  charts              the HTML page's charts and summary read from the page: fragmentation as each
+                      bucket's mean with a min-max band, requested over in use, the headers
+  run --shim LIB --sim-dir DIR --program PROG [--retry-program oom_retry]
                       cupool run on the simulated CUDA: preload, exit status and signal, takeover,
-                      summary, and report/replay/export on the trace it wrote
+                      summary, and report/replay/export on the trace it wrote; a program that
+                      retries a refused allocation thousands of times (rate-limited warnings)
   cli                 --help, --version, usage errors and exit codes; output files (no link
                       followed, never left half-written) and standard output errors (exit 4)
   input               compressed traces (gzip, zstd: recognised by their bytes) and traces holding
@@ -250,6 +256,208 @@ def cmd_replay(opts):
         pre = r["policies"][0]
         check(pre["devices"][0]["failed_allocs"] == 3, f"managed replay: {pre['devices'][0]['failed_allocs']} failed, expected 3")
         check(pre["oom_count"] == 4, f"managed replay: {pre['oom_count']} out of memory, expected 4 (3 allocations, 1 cuMemCreate)")
+    finish()
+
+
+def gen_module(opts):
+    spec = importlib.util.spec_from_file_location("gen_trace", opts.gen)
+    g = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(g)
+    return g
+
+
+def timed_trace(opts, path, pid, t0, build, end=None, footer=True, cfg=None, version="1.0"):
+    """A trace of process `pid` opened at monotonic `t0` (ns), all of one boot (the wall clock
+    moves with it), written by `build(writer)`; its footer ends at `end` (default: the last
+    event), none when `footer` is false (the process was killed)."""
+    g = gen_module(opts)
+    with open(path, "w") as f:
+        w = g.Writer(f, pid, ["./prog", str(pid)], cfg or g.config("growth"), t0=t0,
+                     start_unix=1_700_000_000_000_000_000 + t0, version=version)
+        build(w)
+        if footer:
+            last = w.t
+            w.t = end if end is not None else last
+            w.footer()
+
+
+def path_vertices(d_attr):
+    """The vertices of an SVG path made of M, H, V and L commands: [(x, y)]."""
+    pts = []
+    x = y = 0.0
+    for cmd, args in re.findall(r"([MHVLZ])([^MHVLZ]*)", d_attr):
+        nums = [float(v) for v in re.findall(r"-?[\d.]+", args)]
+        if cmd in "ML":
+            x, y = nums[0], nums[1]
+        elif cmd == "H":
+            x = nums[0]
+        elif cmd == "V":
+            y = nums[0]
+        else:
+            continue
+        pts.append((x, y))
+    return pts
+
+
+def chart_paths(html):
+    """Each chart's paths in drawing order: [(kind, caption, [(class, series, d, attrs)])]."""
+    charts = []
+    for cap, kind, body in re.findall(r'<figcaption>(.*?)</figcaption>\s*<svg class="chart" data-chart="(\w+)"(.*?)</svg>',
+                                      html, re.S):
+        paths = re.findall(r'<path class="([^"]+)" data-series="([^"]+)" data-points="\d+" d="([^"]*)"([^>]*)>', body)
+        charts.append((kind, cap, paths))
+    return charts
+
+
+# The charts' geometry (tools/html.cpp): the plot's left edge and width, top and height.
+CHART_LEFT, CHART_WIDTH, CHART_TOP, CHART_HEIGHT = 78.0, 786.0, 14.0, 192.0
+
+
+def chart_value(y, top):
+    """The value a y coordinate stands for on an axis from 0 to `top`."""
+    return (CHART_TOP + CHART_HEIGHT - y) / CHART_HEIGHT * top
+
+
+def cmd_summed(opts):
+    """Figures summed over processes count only the processes alive at each moment: a process's
+    memory ends at its footer's end time, else (killed) at its last event (issue 27)."""
+    MiB = 1 << 20
+    S = 1_000_000_000
+    with tempfile.TemporaryDirectory() as d:
+        cupool = Cupool(opts.cupool, d)
+
+        def holds_480(start, keep=True):
+            """grow a 480 MiB chunk, allocate all of it, free it (the pool keeps its chunk)."""
+            def build(w):
+                w.device(0, "Sim", 16 << 30)
+                base = 0x7F0000000000
+                for dt, ev, size, in_use in ((1, "grow", 480 * MiB, 0), (2, "alloc", 480 * MiB, 480 * MiB),
+                                             (3, "free", 0, 0)):
+                    w.t = start + dt * 1_000_000
+                    api = {"alloc": "cudaMalloc", "free": "cudaFree"}.get(ev, "")
+                    w.event(ev, api=api, path="symbol" if api else "none", size=size, ptr=base, dur=1000,
+                            pool={"reserved": 480 * MiB, "in_use": in_use, "largest_free": 480 * MiB - in_use,
+                                  "quarantined": 0, "free_blocks": 1 if in_use == 0 else 0})
+            return build
+
+        # Four processes of 480 MiB one after the other, a second apart: each exits (its footer)
+        # 0.1 s after it began; the third was killed (no footer: its memory ends at its last event).
+        names = []
+        for i in range(4):
+            name = f"seq{i}.jsonl"
+            names.append(name)
+            start = (1 + i) * S
+            timed_trace(opts, os.path.join(d, name), 11 + i, start, holds_480(start), end=start + S // 10, footer=i != 2)
+        r = json.loads(cupool("report", "--json", "--no-progress", *names, check_rc=0).stdout)
+        total = r["devices"][0]
+        check(total["peak_reserved"] == 480 * MiB and total["peak_in_use"] == 480 * MiB,
+              f"report --json: summed peak reserved {total['peak_reserved'] / MiB} MiB, in use "
+              f"{total['peak_in_use'] / MiB} MiB of processes that never overlapped; expected 480 MiB each")
+        text = cupool("report", "--no-progress", *names, check_rc=0).stdout
+        row = re.search(r"^  peak reserved .*$", text.split(": side by side")[-1], re.M)
+        check(row is not None and row.group(0).split()[-2:] == ["480.0", "MiB"],
+              f"report: the summed column of peak reserved: {row and row.group(0)!r}, expected 480.0 MiB")
+
+        # The page: the summed chart says 480 MiB, and each process's chart drops to nothing at its
+        # exit and stays there (the last vertices at 0 from the exit on).
+        cupool("report", "--no-progress", *names, "--html", "seq.html", check_rc=0)
+        html = open(os.path.join(d, "seq.html")).read()
+        charts = chart_paths(html)
+        summed = [c for c in charts if "processes summed" in c[1]]
+        check(len(summed) == 1 and "peak reserved 480.0 MiB" in summed[0][1],
+              f"the summed chart's caption: {summed and summed[0][1]!r}")
+        x_max = r["duration_ns"]
+        own = [c for c in charts if c[0] == "memory" and "processes summed" not in c[1]]
+        check(len(own) == 4, f"{len(own)} per-process memory charts, expected 4")
+        for i, (kind, cap, paths) in enumerate(own):
+            reserved = [p for p in paths if p[1] == "reserved"]
+            if not check(reserved, f"process {i}: no reserved line"):
+                continue
+            exit_ns = (1 + i) * S + (S // 10 if i != 2 else 3_000_000) - (S + 1_000_000)  # since the first event
+            after = CHART_LEFT + CHART_WIDTH * (exit_ns + 1_000_000) / x_max
+            vertices = path_vertices(reserved[0][2])
+            late = [y for x, y in vertices if x >= after] + [vertices[-1][1]]
+            check(all(abs(chart_value(y, 1)) < 1e-6 for y in late),
+                  f"process {i}: its reserved line is not at 0 after it exited (y {sorted(set(late))[:5]})")
+
+        # Replay's recorded column is the same sum.
+        r = json.loads(cupool("replay", "--json", "--no-progress", *names, "--policy", "passthrough", check_rc=0).stdout)
+        rec = r["recorded"]["devices"][0]
+        check(rec["peak_reserved"] == 480 * MiB,
+              f"replay: the recorded column's peak reserved {rec['peak_reserved'] / MiB} MiB, expected 480 MiB")
+
+        # A footer later than the last event: the process holds its memory until then. Here it
+        # exits at 2.5 s, and the other allocates at 2 s: 960 MiB at once.
+        timed_trace(opts, os.path.join(d, "late.jsonl"), 21, S, holds_480(S), end=2 * S + S // 2)
+        timed_trace(opts, os.path.join(d, "next.jsonl"), 22, 2 * S, holds_480(2 * S))
+        r = json.loads(cupool("report", "--json", "--no-progress", "late.jsonl", "next.jsonl", check_rc=0).stdout)
+        check(r["devices"][0]["peak_reserved"] == 960 * MiB,
+              f"a process exits at its footer, not its last event: summed {r['devices'][0]['peak_reserved'] / MiB} MiB, "
+              "expected 960 MiB")
+    finish()
+
+
+def cmd_charts(opts):
+    """The HTML page's charts and summary, read from the page itself (no browser): fragmentation
+    as each time bucket's mean with its min-max band, requested drawn over in use, the summary's
+    headers (issue 27)."""
+    MiB = 1 << 20
+    with tempfile.TemporaryDirectory() as d:
+        cupool = Cupool(opts.cupool, d)
+
+        # Fragmentation 90% for 1 us out of every 100 us, else 0: the buckets (32 us over 20 ms)
+        # each hold at most one spike, so their means are under 4% while their maxima are 90%.
+        def spikes(w):
+            w.device(0, "Sim", 16 << 30)
+            base = 0x7F0000000000
+            free = 90 * MiB
+            for k in range(200):
+                for dt, largest in ((0, free), (1000, free // 10), (2000, free)):
+                    w.t = 1_000_000_000 + k * 100_000 + dt
+                    w.event("alloc", api="cudaMalloc", path="symbol", size=512, ptr=base + (3 * k + dt // 1000) * 512,
+                            dur=100, pool={"reserved": 100 * MiB, "in_use": 10 * MiB, "largest_free": largest,
+                                           "quarantined": 0, "free_blocks": 2})
+
+        hand_trace(opts, os.path.join(d, "spikes.jsonl"), spikes)
+        r = json.loads(cupool("report", "--json", "--no-progress", "spikes.jsonl", check_rc=0).stdout)
+        frag = r["traces"][0]["devices"][0]["fragmentation"]
+        check(abs(frag["max"] - 0.9) < 1e-9 and frag["mean"] < 0.02, f"spikes: fragmentation {frag}")
+        cupool("report", "--no-progress", "spikes.jsonl", "--html", "spikes.html", check_rc=0)
+        html = open(os.path.join(d, "spikes.html")).read()
+        charts = [c for c in chart_paths(html) if c[0] == "fragmentation"]
+        if check(len(charts) == 1, f"{len(charts)} fragmentation charts"):
+            paths = {series: (cls, d_attr) for cls, series, d_attr, _ in charts[0][2]}
+            line = paths.get("fragmentation")
+            band = next((v for k, v in paths.items() if v[0] == "band"), None)
+            if check(line is not None, "no fragmentation line"):
+                values = [chart_value(y, 1) for _, y in path_vertices(line[1])]
+                check(max(values) < 0.1, f"the fragmentation line reaches {max(values):.0%}: it draws each bucket's "
+                      "maximum, not its mean (the trace's mean over time is under 2%)")
+            if check(band is not None, "no min-max band under the fragmentation line"):
+                values = [chart_value(y, 1) for _, y in path_vertices(band[1])]
+                check(max(values) > 0.85 and min(values) < 0.01, f"the band spans {min(values):.0%} to {max(values):.0%}")
+            legend = html[html.index('data-chart="fragmentation"'):]
+            legend = legend[legend.index('<div class="legend">'):legend.index("</div>")]
+            check("mean" in legend and "min to max" in legend, f"the fragmentation legend does not say what is drawn: {legend}")
+
+        # Requested, often equal to in use, is drawn over it and dashed (else it hides under it).
+        gen(opts, "passthrough", os.path.join(d, "passthrough.jsonl"))
+        cupool("report", "--no-progress", "passthrough.jsonl", "--html", "pass.html", check_rc=0)
+        html = open(os.path.join(d, "pass.html")).read()
+        for kind, cap, paths in chart_paths(html):
+            if kind != "memory":
+                continue
+            order = [series for _, series, _, _ in paths]
+            attrs = {series: a for _, series, _, a in paths}
+            check("requested" in order and "in_use" in order and order.index("requested") > order.index("in_use")
+                  and "stroke-dasharray" in attrs["requested"],
+                  f"{cap}: requested is drawn before in use, or not dashed: {order}")
+
+        # The summary's headers say which fragmentation figure each column is.
+        head = html[html.index('<table class="summary">'):]
+        head = head[:head.index("</tr>", head.index("</tr>") + 1)]
+        check("<th>mean</th>" not in head and "mean over time" in head and ">fragmentation<" in head,
+              f"the summary's header: {head}")
     finish()
 
 
@@ -546,6 +754,44 @@ def cmd_html(opts):
                               ("fragmentation (purple)", (0x94, 0x67, 0xBD))):
                 n = sum(cnt for c, cnt in colours.items() if near(c, ref))
                 check(n > 50, f"{page}: the {name} series is not visible in the screenshot ({n} pixels)")
+
+        # Laid out by the browser, at a wide and two narrow windows: no text of a chart runs past
+        # its edge (where it is cut off), and nothing makes the page scroll sideways, a long
+        # command line in the summary included.
+        lines = open(os.path.join(d, "training.jsonl")).read().splitlines(True)
+        header = json.loads(lines[0])
+        header["cmdline"] = ["python3", "/workspace/experiments/llm-pretraining/scripts/train_transformer_model.py",
+                             "--config=/workspace/experiments/configs/llama-7b-fsdp-activation-checkpointing.yaml"]
+        with open(os.path.join(d, "long.jsonl"), "w") as f:
+            f.write(json.dumps(header) + "\n" + "".join(lines[1:]))
+        cupool("report", "--no-progress", "long.jsonl", "--html", "long.html", check_rc=0)
+        measure = """<script>addEventListener('load', () => {
+  const out = {scroll: document.documentElement.scrollWidth, inner: innerWidth, cut: []};
+  for (const svg of document.querySelectorAll('svg.chart')) {
+    const box = svg.viewBox.baseVal;
+    for (const t of svg.querySelectorAll('text')) {
+      const b = t.getBBox();
+      if (b.x < box.x - 0.5 || b.x + b.width > box.x + box.width + 0.5) out.cut.push(t.textContent);
+    }
+  }
+  const pre = document.createElement('pre'); pre.id = 'measured'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});</script>"""
+        for page in ("training.html", "ranks.html", "long.html"):
+            with open(os.path.join(d, "measured-" + page), "w") as f:
+                f.write(open(os.path.join(d, page)).read().replace("</body>", measure + "</body>"))
+            for width in (1400, 950, 800):
+                p = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                                    "--user-data-dir=" + tempfile.mkdtemp(dir=d), f"--window-size={width},900",
+                                    "--dump-dom", "file://" + os.path.join(d, "measured-" + page)],
+                                   capture_output=True, text=True, timeout=120)
+                m = re.search(r'<pre id="measured">(.*?)</pre>', p.stdout)
+                if not check(m is not None, f"{page} at {width} px: not measured: {p.stderr[-300:]}"):
+                    continue
+                got = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+                check(not got["cut"], f"{page} at {width} px: chart labels cut off at the edge: {got['cut']}")
+                check(got["scroll"] <= got["inner"],
+                      f"{page} at {width} px: the page scrolls sideways ({got['scroll']} px wide in {got['inner']})")
     finish()
 
 
@@ -1200,7 +1446,7 @@ def main():
     ap.add_argument("--golden", default=os.path.join(HERE, "golden"))
     ap.add_argument("--keep", help="copy screenshots and failing fuzz cases here")
     ap.add_argument("check", choices=["golden", "replay", "fuzz", "html", "run", "cli", "input", "perf", "formats",
-                                       "replay-share"])
+                                       "replay-share", "summed", "charts"])
     ap.add_argument("--pickle-probe", help="formats: test/tools/pickle_probe, built")
     ap.add_argument("--update", action="store_true")
     ap.add_argument("--iterations", type=int, default=300)
@@ -1217,7 +1463,7 @@ def main():
             setattr(opts, name, os.path.abspath(getattr(opts, name)))
     {"golden": cmd_golden, "replay": cmd_replay, "fuzz": cmd_fuzz, "html": cmd_html, "run": cmd_run, "cli": cmd_cli,
      "input": cmd_input, "perf": cmd_perf, "formats": cmd_formats,
-     "replay-share": cmd_replay_share}[opts.check](opts)
+     "replay-share": cmd_replay_share, "summed": cmd_summed, "charts": cmd_charts}[opts.check](opts)
 
 
 if __name__ == "__main__":
