@@ -204,16 +204,35 @@ void MemoryVizWriter::settle_quarantine(Lane& l, std::uint64_t quarantined, std:
 }
 
 void MemoryVizWriter::oom(Lane& l, const Event& e, TraceInput& input) {
-  // What the process could still get: its cap (the recorded limit, else the device's memory)
-  // less what it holds, as cupool's memory-info answers say.
+  // What the process could still get, as cupool's memory info answers it (ProcessMemory::
+  // mem_info): its cap (the recorded limit, else the device's memory) less what it holds.
   std::uint64_t total = 0;
   for (const DeviceInfo& d : input.devices())
     if (d.index == e.device) total = d.total_bytes;
   const SourceStats& s = analysis_.sources()[l.source];
   const std::uint64_t cap = s.meta.cap(e.device, total);
-  std::uint64_t reserved = 0;
-  if (auto it = s.devices.find(e.device); it != s.devices.end()) reserved = it->second.fold.now().reserved;
-  add(l, Action::oom, cap > reserved ? cap - reserved : 0, e.size, e.has_stream ? e.stream : 0, e.t_ns);
+  Memory own;
+  if (auto it = s.devices.find(e.device); it != s.devices.end()) own = it->second.fold.now();
+  std::uint64_t free = cap > own.reserved ? cap - own.reserved : 0;
+  // Refused by a shared budget: no more than the budget's room, besides the free memory of its
+  // own pools. A trace records its own process's holdings only: the other members' come from
+  // their traces exported with it (those naming the same budget); members whose trace is not
+  // here are not known, and the room shown is then at most what it was.
+  const std::optional<Config>& config = s.meta.config;
+  const std::optional<SizeSpec> budget = config && !config->share.empty() ? config->share_limit.for_device(e.device)
+                                                                          : std::nullopt;
+  if (e.oom_class == trace::OomClass::share && budget) {
+    std::uint64_t held = 0;
+    for (const SourceStats& other : analysis_.sources()) {
+      if (!other.meta.config || other.meta.config->share != config->share) continue;
+      if (auto it = other.devices.find(e.device); it != other.devices.end()) held += it->second.fold.now().reserved;
+    }
+    const std::uint64_t limit = budget->resolve(total);
+    const std::uint64_t room = limit > held ? limit - held : 0;
+    const std::uint64_t own_free = own.reserved > own.in_use ? own.reserved - own.in_use : 0;
+    free = std::min(free, room + own_free);
+  }
+  add(l, Action::oom, free, e.size, e.has_stream ? e.stream : 0, e.t_ns);
 }
 
 void MemoryVizWriter::visit(std::size_t source, const Event& e, TraceInput& input) {

@@ -1272,6 +1272,43 @@ def cmd_formats(opts):
               "passthrough: everything was freed")
         check(sum(1 for e in e0 if e["action"] == "oom") == 1, "passthrough: the driver's refusal is an oom entry")
 
+        # Refused by a shared budget (class share): the oom entry's free bytes are what cupool's
+        # memory info answers, the budget's room (less every member's holdings that the traces
+        # exported together record) plus the process's own free pool memory; not the device
+        # less its own holdings. Budget 8 MiB on a 64 MiB device; a holds a 6 MiB chunk with
+        # 4 MiB in use and is refused 4 MiB.
+        share_cfg = gen_module(opts).config("growth")
+        share_cfg.update({"share": "job", "share_limit": {"all": {"bytes": 8 * MiB}, "devices": {}},
+                          "share_wait_ns": 0, "share_access": "user"})
+
+        def member(steps):
+            def build(w):
+                w.device(0, "Sim", 64 * MiB)
+                for ms, ev, size, reserved, in_use, extra in steps:
+                    w.t = 1_000_000_000 + ms * 1_000_000
+                    api = {"alloc": "cudaMalloc"}.get(ev, "")
+                    w.event(ev, api=api, path="symbol" if api else "none", size=size, ptr=0x7F0000000000 if ev != "oom" else 0,
+                            rc=2 if extra == "refused" else 0, oom="share" if ev == "oom" else None, dur=1000,
+                            pool={"reserved": reserved, "in_use": in_use, "largest_free": reserved - in_use,
+                                  "quarantined": 0, "free_blocks": 1})
+            return build
+
+        timed_trace(opts, os.path.join(d, "share-a.jsonl"), 31, 1_000_000_000, member(
+            [(1, "grow", 6 * MiB, 6 * MiB, 0, None), (2, "alloc", 4 * MiB, 6 * MiB, 4 * MiB, None),
+             (5, "oom", 4 * MiB, 6 * MiB, 4 * MiB, None), (5, "alloc", 4 * MiB, 6 * MiB, 4 * MiB, "refused")]),
+            cfg=share_cfg, version="3.0")
+        # b, a member too, holds a 2 MiB chunk at the time (it exits later): the budget has no room left.
+        timed_trace(opts, os.path.join(d, "share-b.jsonl"), 32, 1_000_000_000, member(
+            [(3, "grow", 2 * MiB, 2 * MiB, 0, None), (4, "alloc", MiB, 2 * MiB, MiB, None)]), end=1_010_000_000,
+            cfg=share_cfg, version="3.0")
+        for traces, want in ((["share-a.jsonl"], 4 * MiB), (["share-a.jsonl", "share-b.jsonl"], 2 * MiB)):
+            snap = snapshot(*traces)
+            check_snapshot(snap, f"share {traces}")
+            ooms = [e for e in snap["device_traces"][0] if e["action"] == "oom"]
+            check(len(ooms) == 1 and ooms[0]["device_free"] == want,
+                  f"share {traces}: the oom's device_free {[e['device_free'] / MiB for e in ooms]} MiB, expected "
+                  f"{want / MiB} MiB (the budget's room and the process's own free memory)")
+
         # The toy pool of the other scenarios places blocks outside its chunks: still consistent.
         check_snapshot(snapshot("training.jsonl"), "training")
         snap = snapshot("interleaved.jsonl")
