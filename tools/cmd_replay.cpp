@@ -51,11 +51,12 @@ const char* const kReplayHelp =
     "  --min-budget            bisect the smallest shared budget under which no allocation the\n"
     "                          recording got is refused by it (with --share-wait if given)\n"
     "  --min-capacity          bisect the smallest device each policy fits in (no allocation the\n"
-    "                          recording got fails, whatever the class), beside the peak live bytes\n"
-    "                          (the difference: what fragmentation costs), with the event that fails\n"
-    "                          one step below; exit status 1 when a policy does not fit the recorded\n"
-    "                          device. Both searches go by 2 MiB steps (or end at the upper bound\n"
-    "                          itself) and read the traces again for each step tried\n"
+    "                          recording got fails, whatever the class), in MiB, beside the peak live\n"
+    "                          bytes (the difference: what the policy needs beyond them, to within\n"
+    "                          one step), with the event that fails one step below; exit status 1\n"
+    "                          when a policy does not fit the recorded device. Both searches go by\n"
+    "                          2 MiB steps (or end at the upper bound itself) and read the traces\n"
+    "                          again for each step tried\n"
     "  --json                  print JSON instead of text\n"
     "  --no-progress           no progress line\n"
     "  --help                  this text\n"
@@ -219,9 +220,17 @@ nlohmann::json search_json(const Search& s, const Analysis& a) {
   return j;
 }
 
-std::string below_text(const Search& s, const Analysis& a) {
+// A size the searches found, in MiB as they step: whole unless it is the upper bound itself.
+std::string mib(std::uint64_t bytes) {
+  char buf[48];
+  if (bytes % (1ull << 20) == 0) std::snprintf(buf, sizeof buf, "%llu MiB", static_cast<unsigned long long>(bytes >> 20));
+  else std::snprintf(buf, sizeof buf, "%.2f MiB", static_cast<double>(bytes) / static_cast<double>(1ull << 20));
+  return buf;
+}
+
+std::string below_text(const Search& s, const Analysis& a, std::string (*size)(std::uint64_t)) {
   if (!s.smallest.below) return "";
-  return "\n      at " + human_size(s.smallest.below_value) + ": " + failure_text(*s.smallest.below, a);
+  return "\n      at " + size(s.smallest.below_value) + ": " + failure_text(*s.smallest.below, a);
 }
 
 // The largest of every device's peak live bytes (what the program held at once).
@@ -448,24 +457,28 @@ int cmd_replay(const std::vector<std::string>& raw) {
       for (std::size_t i = 0; i < replayer.runs().size(); ++i) {
         const Search& s = budgets[i];
         out += "  " + columns[i + 1].name + ": " + human_size(s.smallest.value) + " (peak held with no limit " +
-               human_size(s.upper) + ")" + below_text(s, replayer.analysis(i)) + "\n";
+               human_size(s.upper) + ")" + below_text(s, replayer.analysis(i), human_size) + "\n";
       }
     }
     bool misfit = false;
     if (min_capacity) {
-      out += "\nsmallest device (2 MiB steps; fits: no allocation the recording got fails):\n";
+      out += "\nsmallest device (searched in 2 MiB steps; fits: no allocation the recording got fails):\n";
       for (std::size_t i = 0; i < replayer.runs().size(); ++i) {
         const Search& s = capacities[i];
         const Analysis& a = replayer.analysis(i);
         out += "  " + columns[i + 1].name + ": ";
         if (!s.fits) {
           misfit = true;
-          out += "does not fit the recorded " + human_size(s.upper) + "\n      " + failure_text(*s.at_upper, a) + "\n";
+          out += "does not fit the recorded " + mib(s.upper) + "\n      " + failure_text(*s.at_upper, a) + "\n";
           continue;
         }
+        // Over the peak live bytes: what the policy needs beyond them, or the search's step.
         const std::uint64_t live = peak_live(recorded);
-        out += human_size(s.smallest.value) + ", peak live " + human_size(live) + ": fragmentation costs " +
-               human_size(s.smallest.value > live ? s.smallest.value - live : 0) + below_text(s, a) + "\n";
+        const std::uint64_t over = s.smallest.value > live ? s.smallest.value - live : 0;
+        out += mib(s.smallest.value) + (over == 0 ? ", the peak live bytes themselves"
+                                                  : ", " + mib(over) + " above the peak live " + mib(live) +
+                                                        (over < kSearchGranularity ? " (less than one step)" : "")) +
+               below_text(s, a, mib) + "\n";
       }
     }
     if (misfit) out += "\nexit status 1: a policy does not fit the recorded device\n";

@@ -218,6 +218,16 @@ struct Replayer::Run : public PoolObserver {
   // Cache-served events' in_use and cached, as the trace writer derives them.
   trace::PoolStateDerivation derived;
 
+  // The class of a refusal on `device` by process `source`'s memory. The cap is the device's
+  // size when no limit is set: then a refusal at the cap is of class device, as the pool's own
+  // growth rule says (core/device_pool.cpp, grow()). The pool's last resort (a preallocation
+  // that may not grow, used up) names limit whatever the configuration: not repeated here.
+  OomClass refusal_class(OomClass c, std::size_t of, int device) const {
+    auto p = procs.find(of);
+    if (c != OomClass::limit || p == procs.end() || p->second.config.limit.for_device(device)) return c;
+    return OomClass::device;
+  }
+
   // The pools' own events (grow, release, oom, fence_retired) join the replayed stream.
   void pool_event(const PoolEvent& pe) override {
     const trace::Record r = trace::record_of(pe);
@@ -228,6 +238,7 @@ struct Replayer::Run : public PoolObserver {
     e.t_ns = now;
     e.dur_ns = 0;
     e.tid = tid;  // the thread whose call this is, so an oom pairs with its failed alloc
+    if (e.kind == EventKind::oom) e.oom_class = refusal_class(e.oom_class, source, e.device);
     analysis.add(source, e, line);
   }
 
@@ -406,10 +417,8 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
         *made = got;
         return OutsideAnswer::ok;
       });
-      // The cap is the device's size when no limit is set: then the class is device, as the pool's.
-      const bool limited = memory.config().limit.for_device(e.device).has_value();
       *refusal = answer == OutsideAnswer::ok                 ? OomClass::none
-                 : answer == OutsideAnswer::refused_by_cap   ? (limited ? OomClass::limit : OomClass::device)
+                 : answer == OutsideAnswer::refused_by_cap   ? run.refusal_class(OomClass::limit, source, e.device)
                  : answer == OutsideAnswer::refused_by_share ? OomClass::share
                                                              : OomClass::device;
       if (answer != OutsideAnswer::ok) {
@@ -476,7 +485,7 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
           trace::PoolState state;
           const AllocResult r = memory.allocate(*ctx, e.size, e.api.c_str(), &state);
           ptr = r.ptr;
-          refusal = r.oom == OomClass::none ? OomClass::device : r.oom;
+          refusal = r.oom == OomClass::none ? OomClass::device : run.refusal_class(r.oom, source, e.device);
           run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, &state);
         } else {
           ptr = allocate_outside(e.size, takes_device_memory(e), &refusal);

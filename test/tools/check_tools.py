@@ -1451,12 +1451,34 @@ def cmd_replay_share(opts):
               and g["growth"]["failure"]["class"] == "device" and g["growth"]["failure"]["line"] == 6,
               f"growth on the recorded 3 MiB device: {g['growth']}")
         p = cupool("replay", "--no-progress", "frag.jsonl", *chunks, "--policy", "growth", "--min-capacity", check_rc=1)
-        check("growth: does not fit the recorded 3.00 MiB" in p.stdout, f"min-capacity text:\n{p.stdout}")
+        check("growth: does not fit the recorded 3 MiB" in p.stdout, f"min-capacity text:\n{p.stdout}")
         r = json.loads(cupool("replay", "--json", "--no-progress", "frag.jsonl", *chunks, "--policy", "growth",
                               "--capacity", "16MiB", "--min-capacity", check_rc=0).stdout)
         m = r["policies"][0]["min_capacity"]
         check(m["fits"] and m["bytes"] == 4 * MiB and m["peak_requested"] == 3 * MiB and m["below"]["bytes"] == 2 * MiB
               and m["below"]["failure"]["size"] == 2 * MiB, f"growth smallest device on 16 MiB: {m}, expected 4 MiB")
+        # The text gives the sizes in MiB, as the search steps, and the difference to the peak live
+        # bytes for what it is (here under one step), not a cost of fragmentation. Preallocate
+        # with no limit set: its used-up preallocation at 4 MiB is refused as the device's, not
+        # as a limit's.
+        p = cupool("replay", "--no-progress", "frag.jsonl", *chunks, "--policy", "growth,preallocate", "--capacity",
+                   "16MiB", "--min-capacity", check_rc=0)
+        check("growth: 4 MiB, 1 MiB above the peak live 3 MiB (less than one step)\n      at 2 MiB: " in p.stdout
+              and "preallocate: 6 MiB, 3 MiB above the peak live 3 MiB\n      at 4 MiB: " in p.stdout
+              and "fragmentation costs" not in p.stdout and "4.00 MiB," not in p.stdout,
+              f"min-capacity text:\n{p.stdout}")
+        check("refused: limit" not in p.stdout, f"min-capacity with no limit set names class limit:\n{p.stdout}")
+        r = json.loads(cupool("replay", "--json", "--no-progress", "frag.jsonl", *chunks, "--policy", "preallocate",
+                              "--capacity", "16MiB", "--min-capacity", check_rc=0).stdout)
+        below = r["policies"][0]["min_capacity"]["below"]
+        check(below and below["bytes"] == 4 * MiB and below["failure"]["class"] == "device",
+              f"preallocate with no limit, one step below: {below}, expected class device at 4 MiB")
+        # With a limit, a refusal at the cap is the limit's.
+        r = json.loads(cupool("replay", "--json", "--no-progress", "frag.jsonl", *chunks, "--policy", "preallocate",
+                              "--capacity", "16MiB", "--limit", "3MiB", check_rc=1).stdout)
+        ff = r["policies"][0]["first_failure"]
+        check(ff and ff["class"] == "limit", f"preallocate under a 3 MiB limit: first failure {ff}, expected class limit")
+
         # Peak live is the recording's: the pool scenario's 6 GiB allocation, refused by its cap when
         # recorded, is granted by the replay on the recorded device, and must not count.
         subprocess.run([sys.executable, opts.gen, "pool", os.path.join(d, "pool.jsonl")], check=True)
