@@ -50,7 +50,7 @@ int cmd_export(const std::vector<std::string>& raw) {
               {"--perfetto", "--memory-viz", "--rmm-csv", "--no-progress", "--help"});
     if (args.flag("--help")) {
       std::fputs(kExportHelp, stdout);
-      std::fputs(kExitCodesHelp, stdout);
+      std::fputs(exit_codes_help({kExitOk, kExitUsage, kExitBadTrace, kExitInternal}).c_str(), stdout);
       return kExitOk;
     }
     const int formats = args.flag("--perfetto") + args.flag("--memory-viz") + args.flag("--rmm-csv");

@@ -30,7 +30,7 @@ const char* const kReplayHelp =
     "  their cap. docs/cli.md says what is and is not modelled.\n"
     "\n"
     "options:\n"
-    "  --policy P[,P...]       growth, preallocate, passthrough (default: all three), or\n"
+    "  --policy P[,P...]       growth, preallocate, passthrough (default: these three), vmm, or\n"
     "                          recorded: each trace under the configuration its header records\n"
     "                          (the options below do not change it; shown as \"replayed\")\n"
     "  --capacity SIZE         memory of each simulated device (default: the trace's device total,\n"
@@ -253,7 +253,7 @@ int cmd_replay(const std::vector<std::string>& raw) {
               {"--json", "--no-progress", "--help", "--min-budget", "--min-capacity"});
     if (args.flag("--help")) {
       std::fputs(kReplayHelp, stdout);
-      std::fputs(kExitCodesHelp, stdout);
+      std::fputs(exit_codes_help({kExitOk, kExitOutOfMemory, kExitUsage, kExitBadTrace, kExitInternal}).c_str(), stdout);
       return kExitOk;
     }
     if (args.positional().empty()) return usage_error(cmd, "no trace given");

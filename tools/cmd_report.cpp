@@ -33,7 +33,7 @@ int cmd_report(const std::vector<std::string>& raw) {
     Args args(raw, {"--html"}, {"--json", "--no-progress", "--help"});
     if (args.flag("--help")) {
       std::fputs(kReportHelp, stdout);
-      std::fputs(kExitCodesHelp, stdout);
+      std::fputs(exit_codes_help({kExitOk, kExitUsage, kExitBadTrace, kExitInternal}).c_str(), stdout);
       return kExitOk;
     }
     if (args.positional().empty()) return usage_error(cmd, "no trace given");

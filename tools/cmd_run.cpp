@@ -55,7 +55,8 @@ const char* const kRunHelp =
     "../lib/*/libcupool.so (installed); the variable CUPOOL_LIBRARY overrides.\n"
     "\n"
     "exit status: the program's own; 128+N if it was killed by signal N; 127 if PROGRAM was not\n"
-    "found, 126 if it could not be executed; 2 for a usage error (bad option or CUPOOL_* value).\n";
+    "found, 126 if it could not be executed; 2 for a usage error (bad option or CUPOOL_* value);\n"
+    "4 when cupool cannot start it (libcupool.so not found, no safe directory for the traces).\n";
 
 namespace {
 

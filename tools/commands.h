@@ -1,6 +1,7 @@
 // The subcommands of `cupool`; each takes the arguments after its name and returns the exit code.
 #pragma once
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -20,8 +21,10 @@ extern const char* const kExportHelp;
 extern const char* const kTopHelp;
 extern const char* const kMetricsHelp;
 
-// The exit-code paragraph shared by every --help.
+// Every exit status of cupool (`cupool --help`).
 extern const char* const kExitCodesHelp;
+// The exit-status paragraph of one command's --help: the statuses it returns (kExit*).
+std::string exit_codes_help(std::initializer_list<int> codes);
 
 // Prints "cupool CMD: message" and "Try 'cupool CMD --help'." to stderr; returns kExitUsage.
 int usage_error(const char* command, const std::string& message);

@@ -1,5 +1,6 @@
 // cupool: run a program under libcupool.so, read its traces back (report, replay, export), and
 // watch the budgets processes share (top, metrics).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -80,14 +81,43 @@ int main(int argc, char** argv) {
 
 namespace cupool::tools {
 
-const char* const kExitCodesHelp =
-    "exit status:\n"
-    "  0  success\n"
-    "  1  replay: a policy ran out of memory\n"
-    "  2  usage error (bad options or arguments)\n"
-    "  3  a trace cannot be read: missing, broken line, or a newer format version\n"
-    "  4  cupool itself failed (cannot write an output file, cannot start the program)\n"
-    "  run: the program's own exit status, or 128+N when it was killed by signal N\n";
+namespace {
+
+// What each status means: one table for `cupool --help` (all of them) and each command's --help
+// (those it returns). `command`: the one command that returns it, named in the whole table.
+struct ExitStatus {
+  int code;
+  const char* command;
+  const char* meaning;
+};
+constexpr ExitStatus kExitStatuses[] = {
+    {kExitOk, nullptr, "success"},
+    {kExitOutOfMemory, "replay", "a replayed policy ran out of memory, or does not fit the recorded device (--min-capacity)"},
+    {kExitUsage, nullptr, "usage error (bad options or arguments)"},
+    {kExitBadTrace, nullptr, "a trace cannot be read: missing, broken line, or a newer format version"},
+    {kExitInternal, nullptr, "cupool itself failed (cannot write an output file or standard output)"},
+};
+
+std::string exit_table(std::initializer_list<int> codes, bool name_commands) {
+  std::string out = "exit status:\n";
+  for (const ExitStatus& s : kExitStatuses) {
+    if (std::find(codes.begin(), codes.end(), s.code) == codes.end()) continue;
+    out += "  " + std::to_string(s.code) + "  " + (name_commands && s.command ? std::string(s.command) + ": " : "") +
+           s.meaning + "\n";
+  }
+  return out;
+}
+
+const std::string g_all_exit_codes =
+    exit_table({kExitOk, kExitOutOfMemory, kExitUsage, kExitBadTrace, kExitInternal}, true) +
+    "  run: the program's own exit status, or 128+N when it was killed by signal N; 4 when cupool\n"
+    "       cannot start it\n";
+
+}  // namespace
+
+const char* const kExitCodesHelp = g_all_exit_codes.c_str();
+
+std::string exit_codes_help(std::initializer_list<int> codes) { return exit_table(codes, false); }
 
 int usage_error(const char* command, const std::string& message) {
   std::fprintf(stderr, "cupool %s: %s\nTry 'cupool %s --help'.\n", command, message.c_str(), command);

@@ -964,6 +964,21 @@ def cmd_cli(opts):
             p = cupool(sub, "--help", check_rc=0)
             check(p.stdout.startswith("usage: cupool " + sub), f"{sub} --help: {p.stdout[:80]!r}")
             check("exit status" in p.stdout, f"{sub} --help does not document exit status")
+            # Only the statuses this command returns: no other command's.
+            at = p.stdout.rfind("\nexit status")
+            statuses = p.stdout[at:] if at >= 0 else ""
+            others = [c for c in ("run:", "replay:") if c in statuses]
+            check(not others, f"{sub} --help lists other commands' exit statuses ({others}):\n{statuses}")
+            if sub in ("report", "export"):
+                check(re.search(r"^\s+1\s", statuses, re.M) is None, f"{sub} --help lists exit status 1:\n{statuses}")
+            if sub != "run":
+                listed = re.findall(r"^\s+(\d)\s", statuses, re.M)
+                want = ["0", "1", "2", "3", "4"] if sub == "replay" else ["0", "2", "3", "4"]
+                check(listed == want, f"{sub} --help: exit statuses {listed}, expected {want}")
+        p = cupool("replay", "--help", check_rc=0)
+        policy = re.search(r"^  --policy P.*?\n(?=  --)", p.stdout, re.S | re.M)
+        check(policy is not None and "vmm" in policy.group(0), "replay --help: --policy does not list vmm:\n" +
+              (policy.group(0) if policy else p.stdout))
         cupool(check_rc=2)
         cupool("frobnicate", check_rc=2)
         cupool("report", check_rc=2)
