@@ -1,5 +1,6 @@
 // cupool run: preload libcupool.so into a program, wait for it, summarise its trace.
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -343,6 +344,13 @@ int cmd_run(const std::vector<std::string>& raw) {
     for (const auto& a : args.positional()) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
 
+    // The child says through this pipe whether the program could not be run (closed unwritten by
+    // a successful exec): then nothing ran, and there is no trace to summarise or explain.
+    int exec_failed[2];
+    if (::pipe2(exec_failed, O_CLOEXEC) != 0) {
+      std::fprintf(stderr, "cupool run: pipe: %s\n", std::strerror(errno));
+      return kExitInternal;
+    }
     std::fflush(nullptr);
     const std::uint64_t started = monotonic_ns();
     const pid_t child = ::fork();
@@ -351,11 +359,20 @@ int cmd_run(const std::vector<std::string>& raw) {
       return kExitInternal;
     }
     if (child == 0) {
+      ::close(exec_failed[0]);
       ::execvp(argv[0], argv.data());
       const int err = errno;
       std::fprintf(stderr, "cupool run: cannot run %s: %s\n", argv[0], std::strerror(err));
+      (void)!::write(exec_failed[1], &err, sizeof err);
       ::_exit(err == ENOENT ? 127 : 126);
     }
+    ::close(exec_failed[1]);
+    int exec_errno = 0;
+    ssize_t got;
+    while ((got = ::read(exec_failed[0], &exec_errno, sizeof exec_errno)) < 0 && errno == EINTR) {
+    }
+    ::close(exec_failed[0]);
+    const bool ran = got != static_cast<ssize_t>(sizeof exec_errno);
     g_child = child;
     // The terminal sends SIGINT/SIGQUIT to the program too: cupool waits for it to act on them.
     // Signals meant for cupool alone (SIGTERM, SIGHUP) are passed on.
@@ -383,7 +400,7 @@ int cmd_run(const std::vector<std::string>& raw) {
       code = 128 + WTERMSIG(status);
       std::fprintf(stderr, "cupool: %s was killed by signal %d (%s)\n", argv[0], WTERMSIG(status), strsignal(WTERMSIG(status)));
     }
-    if (!args.flag("--no-summary"))
+    if (ran && !args.flag("--no-summary"))
       // 1 ms either side: the traces' clock may be the TSC fitted to CLOCK_MONOTONIC, within
       // microseconds of it (core/event_clock.h).
       print_summary(run_traces(trace_pattern, child, started - 1'000'000, ended + 1'000'000),

@@ -816,8 +816,9 @@ def cmd_run(opts):
         p = cupool("run", "--policy", "growth", "--trace", trace, "--", opts.program, env=env)
         check(p.returncode == 0, f"run: exit {p.returncode}: {p.stderr}")
         counts = json.loads(p.stdout.strip().splitlines()[-1])
-        check(re.search(r"cupool: device 0: peak in use [\d.]+ \w+, peak reserved [\d.]+ \w+;.* out of memory; trace " +
-                        re.escape(trace), p.stderr) is not None, "summary line missing:\n" + p.stderr)
+        one = re.search(r"cupool: device 0: peak in use [\d.]+ \w+, peak reserved ([\d.]+ \w+);.* out of memory; trace " +
+                        re.escape(trace), p.stderr)
+        check(one is not None, "summary line missing:\n" + p.stderr)
         check(os.path.exists(trace), "no trace written")
         r = json.loads(cupool("report", "--json", "--no-progress", trace, check_rc=0).stdout)
         dev = r["traces"][0]["devices"][0]
@@ -900,10 +901,13 @@ def cmd_run(opts):
         # Every process of the run is summarised: a shell that runs the program twice writes
         # three traces (its own, with no allocation, and one per program).
         p = cupool("run", "--", "sh", "-c", f"'{opts.program}'; '{opts.program}'; true", env=env)
-        m = re.search(r"cupool: (\d+) processes traced; device 0: peak in use [\d.]+ \w+, peak reserved .* traces (.+)$",
-                      p.stderr.strip())
+        m = re.search(r"cupool: (\d+) processes traced; device 0: peak in use [\d.]+ \w+, peak reserved ([\d.]+ \w+) "
+                      r"\(all processes\).* traces (.+)$", p.stderr.strip())
         if check(p.returncode == 0 and m, "summary of a run of several processes:\n" + p.stderr):
-            traces = m.group(2).split(" ")
+            traces = m.group(3).split(" ")
+            # One after the other, the two never held memory at once: the sum's peak is one's.
+            check(one is None or m.group(2) == one.group(1),
+                  f"peak reserved of two runs one after the other: {m.group(2)}, one run's {one and one.group(1)}")
             check(int(m.group(1)) == len(traces) >= 2 and all(os.path.exists(t) for t in traces),
                   f"the traces named do not exist: {traces}")
             counts = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
@@ -945,7 +949,35 @@ def cmd_run(opts):
         cupool("run", "--no-summary", "--", "sh", "-c", "exit 7", env=env, check_rc=7)
         p = cupool("run", "--", "sh", "-c", "kill -TERM $$", env=env, check_rc=128 + 15)
         check("signal 15" in p.stderr, "killed by a signal is not said: " + p.stderr)
-        cupool("run", "--", "/no/such/program", env=env, check_rc=127)
+        # A program that cannot be run: said once, and nothing about preloading (nothing ran).
+        p = cupool("run", "--", "/no/such/program", env=env, check_rc=127)
+        check("cannot run /no/such/program" in p.stderr and "cannot be preloaded" not in p.stderr
+              and "no trace" not in p.stderr, "a program that does not exist: " + p.stderr)
+        if opts.retry_program:
+            # A program that retries a refused allocation 3000 times: the first warnings in full,
+            # then a count at 10, 100 and 1000; the trace has every one.
+            retry_trace = os.path.join(d, "retry.jsonl")
+            p = cupool("run", "--limit", "64MiB", "--trace", retry_trace, "--", opts.retry_program, "3000", "128", env=env,
+                       check_rc=0)
+            full = [l for l in p.stderr.splitlines() if "warning: out of memory on device 0" in l]
+            counts = re.findall(r"warning: (\d+) out-of-memory warnings so far", p.stderr)
+            check(p.stdout.strip() == "3000" and len(full) == 5 and counts == ["10", "100", "1000"],
+                  f"3000 refusals: {len(full)} warnings in full (expected 5), counts {counts}; stderr has "
+                  f"{len(p.stderr.splitlines())} lines:\n" + "\n".join(p.stderr.splitlines()[:12]))
+            check(len(p.stderr.splitlines()) < 20, f"3000 refusals: stderr has {len(p.stderr.splitlines())} lines")
+            r = json.loads(cupool("report", "--json", "--no-progress", retry_trace, check_rc=0).stdout)
+            check(r["traces"][0]["oom_count"] == 3000, f"the trace holds {r['traces'][0]['oom_count']} out-of-memory, not 3000")
+            # Run once, then twice one after the other (each keeps its pool's chunk to the end): the
+            # second never held memory beside the first, so the summed peak reserved is one's.
+            p = cupool("run", "--trace", os.path.join(d, "once.%p.jsonl"), "--", opts.retry_program, "1", "16", env=env,
+                       check_rc=0)
+            once = re.search(r"device 0: peak in use [\d.]+ \w+, peak reserved ([\d.]+ \w+);", p.stderr)
+            p = cupool("run", "--trace", os.path.join(d, "twice.%p.jsonl"), "--", "sh", "-c",
+                       f"'{opts.retry_program}' 1 16; '{opts.retry_program}' 1 16", env=env, check_rc=0)
+            twice = re.search(r"device 0: peak in use [\d.]+ \w+, peak reserved ([\d.]+ \w+) \(all processes\)", p.stderr)
+            check(once and twice and once.group(1) == twice.group(1),
+                  f"peak reserved of one run {once and once.group(1)}, of two one after the other "
+                  f"{twice and twice.group(1)} (all processes): they never overlapped\n{p.stderr}")
         p = cupool("run", "--policy", "bogus", "--", "true", env=env, check_rc=2)
         check("CUPOOL_POLICY" in p.stderr, "bad --policy message: " + p.stderr)
         cupool("run", env=env, check_rc=2)
@@ -1527,12 +1559,13 @@ def main():
     ap.add_argument("--shim")
     ap.add_argument("--sim-dir")
     ap.add_argument("--program")
+    ap.add_argument("--retry-program", help="run: test/tools/oom_retry, built")
     ap.add_argument("--events", type=int, default=2_000_000)
     ap.add_argument("--min-rate", type=float, default=2e6)
     ap.add_argument("--sanitized", action="store_true", help="the build uses AddressSanitizer")
     opts = ap.parse_args()
     opts.cupool = os.path.abspath(opts.cupool)
-    for name in ("shim", "sim_dir", "program", "keep"):
+    for name in ("shim", "sim_dir", "program", "retry_program", "keep"):
         if getattr(opts, name):
             setattr(opts, name, os.path.abspath(getattr(opts, name)))
     {"golden": cmd_golden, "replay": cmd_replay, "fuzz": cmd_fuzz, "html": cmd_html, "run": cmd_run, "cli": cmd_cli,
