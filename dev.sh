@@ -5,20 +5,28 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
-PACKAGES=(meson ninja-build g++ pkg-config python3 libspdlog-dev libfmt-dev nlohmann-json3-dev catch2
-          libasan8 libubsan1 libtsan2 chromium zlib1g-dev libzstd-dev zstd clang-14 libclang-rt-14-dev)
+# What `run` needs (a build of the library, the command, the simulated CUDA and the example),
+# and what only the test suite adds (sanitizers, the HTML check's browser, the fuzzers' clang).
+RUN_PACKAGES=(meson ninja-build g++ pkg-config python3 libspdlog-dev libfmt-dev nlohmann-json3-dev catch2
+              zlib1g-dev libzstd-dev)
+TEST_PACKAGES=(libasan8 libubsan1 libtsan2 chromium zstd clang-14 libclang-rt-14-dev)
 CUDA_DIR=${CUDA_DIR:-/usr/local/cuda}
+T0=$SECONDS
 
-install_missing() {
+say() { echo "dev.sh [$((SECONDS - T0))s]: $*"; }
+
+install_missing() {  # install_missing PACKAGE...
   local missing=()
-  for p in "${PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   if ((${#missing[@]})); then
-    echo "dev.sh: installing ${missing[*]}"
+    say "installing ${missing[*]} (Debian packages)"
     local sudo=; [[ $(id -u) == 0 ]] || sudo=sudo
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    say "the Debian packages it needs are there"
   fi
   if [[ ! -f $CUDA_DIR/include/cuda.h ]]; then
     echo "dev.sh: the CUDA toolkit headers are not under $CUDA_DIR (set CUDA_DIR=...)" >&2
@@ -26,13 +34,36 @@ install_missing() {
   fi
 }
 
-build() {  # build DIR [meson options...]
+# Runs ninja quietly, with a progress line at least every 15 s (a first build takes minutes on
+# two cores).
+ninja_with_progress() {  # ninja_with_progress DIR LOG [TARGET...]
+  local dir=$1 log=$2; shift 2
+  ninja -C "$dir" "$@" >"$log" 2>&1 &
+  local pid=$! last=$SECONDS
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS - last >= 15)); then
+      last=$SECONDS
+      say "building $dir: $(grep -o '^\[[0-9]*/[0-9]*\]' "$log" | tail -1 || true)"
+    fi
+  done
+  wait "$pid"
+}
+
+build() {  # build DIR [meson options...] [-- TARGET...]
   local dir=$1; shift
+  local opts=() targets=()
+  while (($#)); do
+    if [[ $1 == -- ]]; then shift; targets=("$@"); break; fi
+    opts+=("$1"); shift
+  done
   if [[ ! -f $dir/build.ninja ]]; then
-    meson setup "$dir" -Dcudatoolkit_dir="$CUDA_DIR" "$@" >"$dir.setup.log" 2>&1 \
+    say "configuring $dir"
+    meson setup "$dir" -Dcudatoolkit_dir="$CUDA_DIR" "${opts[@]}" >"$dir.setup.log" 2>&1 \
       || { cat "$dir.setup.log"; exit 1; }
   fi
-  ninja -C "$dir" >"$dir.build.log" 2>&1 || { tail -50 "$dir.build.log"; exit 1; }
+  say "building $dir${targets:+ (${targets[*]})}"
+  ninja_with_progress "$dir" "$dir.build.log" "${targets[@]}" || { tail -50 "$dir.build.log"; exit 1; }
   if grep -q "warning:" "$dir.build.log"; then
     grep -B2 -A5 "warning:" "$dir.build.log" | head -60
     echo "dev.sh: the build of $dir has compiler warnings" >&2
@@ -42,12 +73,16 @@ build() {  # build DIR [meson options...]
 
 case "${1:-}" in
   run)
-    install_missing
-    build build
+    say "checking what the main job needs"
+    install_missing "${RUN_PACKAGES[@]}"
+    # Only what the main job uses: the library, the command, the simulated CUDA, the example.
+    build build -- shim/libcupool.so tools/cupool examples/workload_sim test/sim/libcuda.so.1 test/sim/libcudart.so.13 \
+      test/sim/libnvidia-ml.so.1
+    say "running the main job"
     exec examples/main_job.sh build
     ;;
   test)
-    install_missing
+    install_missing "${RUN_PACKAGES[@]}" "${TEST_PACKAGES[@]}"
     # Rebuild from scratch so that warnings are seen.
     rm -rf build-test build-asan
     build build-test

@@ -23,4 +23,11 @@ fi
 "$cupool" run --policy growth --free deferred --trace "$out/trace.jsonl" -- "${program[@]}"
 "$cupool" report "$out/trace.jsonl"
 "$cupool" report "$out/trace.jsonl" --html "$out/report.html" >/dev/null
-echo "main job: trace $out/trace.jsonl, charts $out/report.html"
+cat <<EOF
+main job: done. The trace is $out/trace.jsonl.
+  reserved / in use: what the pool held from the device over what the program's blocks used, at
+    their peaks (1.00 means nothing idle; growth's chunks and freed blocks make it larger).
+  next: open $out/report.html (memory over time, fragmentation, latency)
+        $cupool replay $out/trace.jsonl --policy growth,preallocate,vmm   (the same run under other policies)
+        $cupool export --perfetto $out/trace.jsonl -o $out/run.perfetto.json   (or --memory-viz, --rmm-csv)
+EOF
