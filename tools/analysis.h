@@ -255,7 +255,7 @@ class Analysis {
               std::string truncated = "");
   // The process of trace `source` exited at `t`: everything it held on every device is gone (the
   // driver takes it back), from its own figures and from the sums. Called in time order with the
-  // events of the other traces. Peaks stay; a source not added yet is ignored.
+  // events of the other traces. Peaks stay; a source not added yet, or with no events, is ignored.
   void exit(std::size_t source, std::uint64_t t);
 
   std::uint64_t origin() const { return origin_; }
