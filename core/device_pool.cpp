@@ -224,7 +224,10 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
     return {0, OomClass::limit, 0};
   }
   const std::uint64_t bytes = round_up(size, Suballocator::kAlignment);
-  Grow last{0, OomClass::limit, 0};
+  // With no limit set, the cap is the device's size: a refusal there is the device's, not a
+  // limit's (a used-up preallocation that may not grow included).
+  const OomClass at_cap = has_limit_ ? OomClass::limit : OomClass::device;
+  Grow last{0, at_cap, 0};
 
   if (!quarantine_.empty()) {
     seal_pending();
@@ -278,7 +281,7 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
 
   AllocResult r{0, last.fail, last.driver_code};
   if (free_locked() >= bytes) r = {0, OomClass::fragmentation, 0};
-  if (r.oom == OomClass::none) r.oom = OomClass::limit;
+  if (r.oom == OomClass::none) r.oom = at_cap;
   emit(PoolEvent::Kind::oom, size, 0, now(), 0, r.oom, r.driver_code);
   return r;
 }

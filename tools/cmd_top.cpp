@@ -387,7 +387,7 @@ int cmd_top(const std::vector<std::string>& raw) {
     Args args(raw, {"--interval", "--dir"}, {"--json", "--once", "--help"});
     if (args.flag("--help")) {
       std::fputs(kTopHelp, stdout);
-      std::fputs(kExitCodesHelp, stdout);
+      std::fputs(exit_codes_help({kExitOk, kExitUsage, kExitInternal}).c_str(), stdout);
       return kExitOk;
     }
     if (!args.positional().empty()) return usage_error(cmd, "unexpected argument \"" + args.positional()[0] + "\"");
@@ -414,7 +414,7 @@ int cmd_metrics(const std::vector<std::string>& raw) {
     Args args(raw, {"--listen", "--textfile", "--interval", "--dir"}, {"--once", "--help"});
     if (args.flag("--help")) {
       std::fputs(kMetricsHelp, stdout);
-      std::fputs(kExitCodesHelp, stdout);
+      std::fputs(exit_codes_help({kExitOk, kExitUsage, kExitInternal}).c_str(), stdout);
       return kExitOk;
     }
     if (!args.positional().empty()) return usage_error(cmd, "unexpected argument \"" + args.positional()[0] + "\"");

@@ -22,7 +22,14 @@ build=build-release carry=.carry
 [[ -f $build/build.ninja ]] || meson setup "$build" -Dcudatoolkit_dir="${CUDA_DIR:-/usr/local/cuda}" --buildtype=release >/dev/null
 ninja -C "$build" shim/libcupool.so tools/cupool test/bench_share_startup >/dev/null
 mkdir -p "$carry/bin" "$carry/workloads"
-JOBS=${JOBS:-2} test/gpu/compat/build.sh "$carry/compat" >/dev/null
+# The compatibility programs take minutes to build: kept when their sources have not changed
+# since the commit they were built from (their own BUILD_ID says which; a dirty one is rebuilt).
+compat_id=$(cat "$carry/compat/BUILD_ID" 2>/dev/null || true)
+if [[ -n $compat_id && $compat_id != *-dirty ]] && git diff --quiet "$compat_id" HEAD -- test/gpu/compat shim/nvml_api.h 2>/dev/null; then
+  echo "prepare.sh: the compatibility programs of $compat_id are kept (their sources are unchanged)"
+else
+  JOBS=${JOBS:-2} test/gpu/compat/build.sh "$carry/compat" >/dev/null
+fi
 arch=-arch=sm_90
 nvcc -O2 $arch -cudart shared -o "$carry/bin/workload_shared" -x cu examples/workload.cpp
 nvcc -O2 $arch -o "$carry/bin/workload_static" -x cu examples/workload.cpp

@@ -44,11 +44,18 @@ def main():
             if unshare and i % 2:
                 cmd = [unshare, "--pid", "--fork", "--mount-proc"] + cmd
             members.append(subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.DEVNULL, text=True, bufsize=1))
-        for m in members:
-            if m.stdout.readline().strip() != "ready":
-                print(json.dumps({"policy": policy, "error": "a member did not start"}))
+                                            stderr=subprocess.PIPE, text=True, bufsize=1))
+        for i, m in enumerate(members):
+            line = m.stdout.readline().strip()
+            if line != "ready":
+                m.kill()
+                err = m.stderr.read()
+                print(json.dumps({"policy": policy, "error": f"member {i} did not start: {line!r}",
+                                  "exit": m.wait(), "stderr": err[-1500:]}), flush=True)
                 return 1
+        # Their stderr is drained, so that a chatty member never blocks on a full pipe.
+        for m in members:
+            threading.Thread(target=m.stderr.read, daemon=True).start()
         time.sleep(0.5)
         baseline = pynvml.nvmlDeviceGetMemoryInfo(dev).used
         peak = baseline
