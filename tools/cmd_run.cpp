@@ -46,6 +46,11 @@ const char* const kRunHelp =
     "                        cupool report; the summary covers every traced process of the run\n"
     "  --stacks off|on|all|N CUPOOL_TRACE_STACKS: the native stack of one allocation in N (on: 64),\n"
     "                        shown by cupool report beside the largest allocations\n"
+    "  --share NAME          CUPOOL_SHARE: join the budget NAME shared by the processes of this node\n"
+    "  --share-limit SIZE    CUPOOL_SHARE_LIMIT: the shared budget per device (every member the same)\n"
+    "  --share-wait D        CUPOOL_SHARE_WAIT: how long an allocation waits for room (30s, 500ms)\n"
+    "  --sim                 run on cupool's simulated CUDA (the build tree's test/sim, put first on\n"
+    "                        LD_LIBRARY_PATH): try cupool on a machine without a GPU\n"
     "  --takeover            turn the frameworks' own caches off so every tensor goes through cupool:\n"
     "                        PYTORCH_NO_CUDA_MEMORY_CACHING=1, XLA_PYTHON_CLIENT_ALLOCATOR=platform,\n"
     "                        XLA_PYTHON_CLIENT_PREALLOCATE=false, TF_GPU_ALLOCATOR=cuda_malloc\n"
@@ -230,8 +235,8 @@ std::vector<std::string> run_traces(const std::string& pattern, pid_t child, std
 void print_summary(const std::vector<std::string>& traces, const std::string& child_trace) {
   if (traces.empty()) {
     std::fprintf(stderr,
-                 "cupool: no trace at %s: the program did not load libcupool.so or allocated no device memory "
-                 "(a statically linked or setuid program cannot be preloaded)\n",
+                 "cupool: no trace at %s: the program never reached CUDA (a trace is written from its first "
+                 "CUDA call), or it could not be preloaded (a statically linked or setuid program cannot be)\n",
                  child_trace.c_str());
     return;
   }
@@ -247,16 +252,20 @@ void print_summary(const std::vector<std::string>& traces, const std::string& ch
   for (const SourceStats& s : a.sources()) dropped += s.dropped;
   if (traces.size() == 1) {
     for (const auto& [dev, d] : a.sources().front().devices)
-      line += " device " + std::to_string(dev) + ": peak in use " + human_size(d.peak_in_use) + ", peak reserved " +
-              human_size(d.peak_reserved) + ";";
+      if (dev >= 0)  // -1: calls no device answered for (memory info with no context)
+        line += " device " + std::to_string(dev) + ": peak in use " + human_size(d.peak_in_use) + ", peak reserved " +
+                human_size(d.peak_reserved) + ";";
   } else {
     // Several processes: the peaks of their sum at each moment (what the device had to hold).
     line += " " + std::to_string(traces.size()) + " processes traced;";
     for (const auto& [dev, t] : a.totals())
-      line += " device " + std::to_string(dev) + ": peak in use " + human_size(t.peak_in_use) + ", peak reserved " +
+      if (dev >= 0)
+        line += " device " + std::to_string(dev) + ": peak in use " + human_size(t.peak_in_use) + ", peak reserved " +
               human_size(t.peak_reserved) + " (all processes);";
   }
-  if (a.totals().empty()) line += " no device memory was allocated;";
+  bool any_device = false;
+  for (const auto& [dev, t] : a.totals()) any_device = any_device || dev >= 0;
+  if (!any_device) line += " no device memory was allocated;";
   line += " " + std::to_string(a.oom_count()) + " out of memory;";
   if (dropped) line += " " + std::to_string(dropped) + " events dropped by the writer;";
   constexpr std::size_t kListed = 8;
@@ -271,7 +280,9 @@ void print_summary(const std::vector<std::string>& traces, const std::string& ch
 int cmd_run(const std::vector<std::string>& raw) {
   const char* const cmd = "run";
   try {
-    Args args(raw, {"--policy", "--limit", "--preallocate", "--free", "--trace", "--stacks"}, {"--takeover", "--help", "--no-summary"},
+    Args args(raw, {"--policy", "--limit", "--preallocate", "--free", "--trace", "--stacks", "--share", "--share-limit",
+                    "--share-wait"},
+              {"--takeover", "--help", "--no-summary", "--sim"},
               /*stop_at_first_positional=*/true);
     if (args.flag("--help")) {
       std::fputs(kRunHelp, stdout);
@@ -286,6 +297,21 @@ int cmd_run(const std::vector<std::string>& raw) {
     if (auto v = args.value("--preallocate")) set["CUPOOL_PREALLOCATE"] = *v;
     if (auto v = args.value("--free")) set["CUPOOL_FREE"] = *v;
     if (auto v = args.value("--stacks")) set["CUPOOL_TRACE_STACKS"] = *v;
+    if (auto v = args.value("--share")) set["CUPOOL_SHARE"] = *v;
+    if (auto v = args.value("--share-limit")) set["CUPOOL_SHARE_LIMIT"] = *v;
+    if (auto v = args.value("--share-wait")) set["CUPOOL_SHARE_WAIT"] = *v;
+    if (args.flag("--sim")) {
+      const std::string sim = self_dir() + "/../test/sim";
+      if (!is_file(sim + "/libcuda.so.1")) {
+        std::fprintf(stderr, "cupool run: --sim: no simulated CUDA at %s (it is built with cupool's build tree, "
+                             "build/test/sim)\n", sim.c_str());
+        return kExitInternal;
+      }
+      char real[PATH_MAX];
+      const std::string dir = ::realpath(sim.c_str(), real) ? std::string(real) : sim;
+      const char* old = std::getenv("LD_LIBRARY_PATH");
+      set["LD_LIBRARY_PATH"] = dir + (old && *old ? ":" + std::string(old) : "");
+    }
     std::string trace_pattern;
     const char* env_trace = std::getenv("CUPOOL_TRACE");
     const bool default_trace = !args.value("--trace") && !(env_trace && *env_trace);

@@ -828,6 +828,21 @@ def cmd_run(opts):
         check(r["traces"][0]["complete"] is True, "trace has no footer")
         p = cupool("replay", "--no-progress", trace)
         check(p.returncode in (0, 1) and "peak reserved" in p.stdout, f"replay of the run's trace: {p.returncode} {p.stderr}")
+
+        # Issue 27: the simulated CUDA one flag away (no LD_LIBRARY_PATH), a shared budget from
+        # options, and a program that never reaches CUDA said to be one.
+        bare = {k: v for k, v in env.items() if k != "LD_LIBRARY_PATH"}
+        budget = f"tools-run-{os.getpid()}"
+        sim_trace = os.path.join(d, "sim.jsonl")
+        p = cupool("run", "--sim", "--share", budget, "--share-limit", "4GiB", "--share-wait", "1s", "--trace", sim_trace,
+                   "--", opts.program, env=bare)
+        check(p.returncode == 0, f"run --sim --share: exit {p.returncode}: {p.stderr}")
+        config = json.loads(open(sim_trace).readline()).get("config", {})
+        check(config.get("share") == budget and config.get("share_wait_ns") == 1_000_000_000,
+              f"run --share: the trace's configuration is {config}")
+        p = cupool("run", "--", "true", env=env)
+        check(p.returncode == 0 and "never reached CUDA" in p.stderr and "device -1" not in p.stderr,
+              f"run of a program without CUDA: {p.stderr}")
         # Replaying growth with the recorded settings gives back what the shim's pool did.
         p = cupool("replay", "--json", "--no-progress", trace, "--policy", "growth", "--capacity",
                    str(r["traces"][0]["devices"][0]["total_bytes"]))
