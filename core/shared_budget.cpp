@@ -536,6 +536,7 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   auto try_hard = [&](bool notify) {
     for (int tries = 0; tries < 64; ++tries) {
       if (claim(device, *b, bytes, notify)) return true;
+      if (test_after_refusal) test_after_refusal();
       if (t_refusal != Refusal::no_room || saturating_add(held_total(device), bytes) > *b) return false;
       sched_yield();
     }

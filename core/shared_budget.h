@@ -171,6 +171,10 @@ class SharedBudget {
   // Test hook (CUPOOLTEST_SHARE_KILL=slot-claim|wait, read by tests only): the process kills
   // itself with SIGKILL at that step, so that a test can land a kill exactly there.
   static void test_kill_point(const char* step);
+  // Test hook (unit tests only; nullptr otherwise): called after a claim was refused and took
+  // itself back, before admit() decides whether to try again, so that a test can make a claim
+  // decided at the same moment go away exactly then.
+  static inline void (*test_after_refusal)() = nullptr;
 
  private:
   SharedBudget() = default;

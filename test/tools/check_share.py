@@ -430,6 +430,10 @@ def check_crafted(opts, run):
         for f in os.listdir(d):
             if f.startswith("cupool-share-"):
                 os.chown(os.path.join(d, f), 4242, 77)
+        # A limit field with no NUL in its 256 bytes (issue 26: read without a bound, 151 531
+        # characters came out, from past the mapping).
+        write_segment(os.path.join(d, "cupool-share-4242-longlimit"), lay, b"9" * lay["segment"]["limit_size"], {})
+        os.chown(os.path.join(d, "cupool-share-4242-longlimit"), 4242, 77)
         planted = os.path.join(d, "cupool-share-4242-planted")  # named as 4242's, made by root
         write_segment(planted, lay, b"1GiB", {})
         alive = hold_slot_lock(os.path.join(d, f"cupool-share-{owner}-crafted"), lay, 0)
@@ -444,6 +448,10 @@ def check_crafted(opts, run):
         for b in bad:
             check(f"{os.path.join(d, b)}:" in p.stderr, f"top: no warning naming {b}: {p.stderr}")
         check(len(doc["skipped"]) == 5, f"top --json skipped: {doc['skipped']}")
+        longlimit = [b for b in doc["budgets"] if b["name"] == "longlimit"]
+        check(len(longlimit) == 1 and len(longlimit[0]["limit"] or "") < lay["segment"]["limit_size"],
+              f"a limit field without its NUL: {[len(b['limit'] or '') for b in longlimit]} characters")
+        doc["budgets"] = [b for b in doc["budgets"] if b["name"] != "longlimit"]
         check([b["name"] for b in doc["budgets"]] == ["crafted", "empty"], f"budgets: {doc['budgets']}")
         crafted = doc["budgets"][0]
         oddtext = 'new\nline"\\\ufffd\x1b[31m'
@@ -466,7 +474,7 @@ def check_crafted(opts, run):
         p = run("top", "--once", "--dir", d, rc=0)
         check("\x1b" not in p.stdout and "\ufffd" in p.stdout and "new?line" in p.stdout,
               f"top text: a command's control characters reach the terminal: {p.stdout!r}")
-        check("cupool top: 2 budgets, 3 members" in p.stdout and "no members" in p.stdout, f"top text: {p.stdout}")
+        check("cupool top: 3 budgets, 3 members" in p.stdout and "no members" in p.stdout, f"top text: {p.stdout}")
 
         p = run("metrics", "--dir", d, rc=0)
         _, samples = parse_exposition(p.stdout, "metrics --dir")
