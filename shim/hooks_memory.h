@@ -163,8 +163,8 @@ struct DriverApi {
 };
 
 // Runs a driver allocation outside the pools (managed, stream-ordered, VMM, arrays, passthrough)
-// through ProcessMemory, which charges the cap first (`where`: see Placement). `call` returns the API's code and leaves
-// the new pointer or handle in *key. A refusal of cupool's own (the cap, the shared budget) is the API's
+// through ProcessMemory, which charges the cap first (`where`: see Placement). `call` returns
+// the API's code and leaves the new pointer or handle in *key. A refusal of cupool's own (the cap, the shared budget) is the API's
 // out-of-memory, with what Api::refused_here leaves behind.
 template <typename Api, typename Call>
 typename Api::Code external_allocate(Placement where, std::uint64_t bytes, const char* api, std::uint64_t* key,

@@ -108,9 +108,9 @@ nvmlReturn_t memory_info_hook(Path path, const char* api, HookId id, nvmlDevice_
   HookEvent ev(EventKind::mem_info, api, path);
   const nvmlReturn_t rc = real(device, out);
   ContextPool* cp = nullptr;
-  int d_known = -1;
+  int cuda_device = -1;
   if (rc == NVML_SUCCESS) {
-    const int d = d_known = cuda_device_of(device, id);
+    const int d = cuda_device = cuda_device_of(device, id);
     if (d >= 0) cp = pool_on_device(d);
     std::size_t free = 0, total = 0;
     // No context of the process on the device: memory that names the device alone may be held
@@ -124,7 +124,7 @@ nvmlReturn_t memory_info_hook(Path path, const char* api, HookId id, nvmlDevice_
       if constexpr (std::is_same_v<Memory, nvmlMemory_v2_t>) out->reserved = 0;
     }
   }
-  if (cp == nullptr && d_known >= 0) ev.r.device = static_cast<std::int16_t>(d_known);
+  if (cp == nullptr && cuda_device >= 0) ev.r.device = static_cast<std::int16_t>(cuda_device);
   ev.done(rc, rc == NVML_SUCCESS ? out->free : 0, 0, cp);
   return rc;
 }
