@@ -228,16 +228,21 @@ bool scan_shares(const std::string& dir, ShareScan& out, std::string* error) {
       continue;
     }
     v.limit = budget->limit_text();
-    v.members = budget->members();
+    // Members that are gone drop out of the views (their slots are emptied by the next member that
+    // needs room); what they still hold is counted apart.
+    std::vector<SharedBudget::Member> gone;
+    for (SharedBudget::Member& m : budget->members()) (m.alive ? v.members : gone).push_back(std::move(m));
+    v.gone = gone.size();
     std::sort(v.members.begin(), v.members.end(), [](const auto& a, const auto& b) {
       return a.pid != b.pid ? a.pid < b.pid : a.start_ticks < b.start_ticks;
     });
 
     const std::optional<LimitSpec> limit = parse_limit_text(v.limit);
     std::set<int> devices;
-    for (const auto& m : v.members)
-      for (int dev = 0; dev < kMaxDevices; ++dev)
-        if (member_uses(m, dev)) devices.insert(dev);
+    for (const auto* list : {&v.members, &gone})
+      for (const auto& m : *list)
+        for (int dev = 0; dev < kMaxDevices; ++dev)
+          if (member_uses(m, dev)) devices.insert(dev);
     if (limit)
       for (const auto& [dev, spec] : limit->per_device) devices.insert(dev);
     for (int dev : devices) {
@@ -245,8 +250,11 @@ bool scan_shares(const std::string& dir, ShareScan& out, std::string* error) {
       sd.device = dev;
       if (limit) sd.budget = limit->for_device(dev);
       if (sd.budget && !sd.budget->is_percent()) sd.budget_bytes = sd.budget->bytes;
-      if (dev < kMaxDevices)
+      if (dev < kMaxDevices) {
+        for (const auto& m : gone) sd.held_by_gone = saturating_add(sd.held_by_gone, m.held[dev]);
+        sd.held = sd.held_by_gone;
         for (const auto& m : v.members) sd.held = saturating_add(sd.held, m.held[dev]);
+      }
       v.devices.push_back(sd);
     }
     out.budgets.push_back(std::move(v));
@@ -272,6 +280,11 @@ std::string top_text(const ShareScan& scan, const std::string& header, bool skip
                right(share, 11) + "\n";
       }
     }
+    std::uint64_t by_gone = 0;
+    for (const ShareDevice& d : b.devices) by_gone = saturating_add(by_gone, d.held_by_gone);
+    if (b.gone)
+      out += "  " + std::to_string(b.gone) + (b.gone == 1 ? " member" : " members") + " gone, holding " +
+             human_size(by_gone) + " until the next member that needs room empties their slots\n";
     if (b.members.empty()) {
       out += "  no members\n";
       continue;
@@ -322,7 +335,8 @@ nlohmann::json top_json(const ShareScan& scan) {
       devices.push_back({{"device", d.device},
                          {"budget", d.budget ? json(format_size_spec(*d.budget)) : json(nullptr)},
                          {"budget_bytes", d.budget_bytes ? json(*d.budget_bytes) : json(nullptr)},
-                         {"held_bytes", d.held}});
+                         {"held_bytes", d.held},
+                         {"held_by_gone_bytes", d.held_by_gone}});
     }
     json members = json::array();
     for (const SharedBudget::Member& m : b.members) {
@@ -343,7 +357,8 @@ nlohmann::json top_json(const ShareScan& scan) {
                        {"limit", b.limit.empty() ? json(nullptr) : json(b.limit)},
                        {"segment", b.segment},
                        {"devices", std::move(devices)},
-                       {"members", std::move(members)}});
+                       {"members", std::move(members)},
+                       {"gone_members", b.gone}});
   }
   return {{"format", "cupool-top"}, {"version", 1}, {"budgets", std::move(budgets)}, {"skipped", scan.skipped}};
 }
@@ -379,8 +394,10 @@ std::string metrics_text(const ShareScan& scan) {
   for (const auto& b : scan.budgets)
     for (const auto& d : b.devices) x.sample("cupool_share_held_bytes", device_labels(b, d.device), d.held);
 
-  x.family("cupool_share_members", "Member slots of the budget, members gone but not yet reclaimed included.", "gauge");
+  x.family("cupool_share_members", "Live members of the budget.", "gauge");
   for (const auto& b : scan.budgets) x.sample("cupool_share_members", share_labels(b), b.members.size());
+  x.family("cupool_share_gone_members", "Members gone whose slots the next member that needs room empties.", "gauge");
+  for (const auto& b : scan.budgets) x.sample("cupool_share_gone_members", share_labels(b), b.gone);
 
   x.family("cupool_member_up", "1 if the member process is running, 0 if it is gone.", "gauge");
   for (const auto& b : scan.budgets)

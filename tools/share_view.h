@@ -21,6 +21,7 @@ struct ShareDevice {
   std::optional<SizeSpec> budget;              // the limit on this device, as the budget gives it
   std::optional<std::uint64_t> budget_bytes;   // none for a percent: the device's total is not known here
   std::uint64_t held = 0;                      // every member's claims, those of members gone included
+  std::uint64_t held_by_gone = 0;              // of which members gone whose slots are not yet emptied
 };
 
 // One budget, as read at one moment.
@@ -29,7 +30,8 @@ struct ShareBudgetView {
   std::string owner;    // "1000" (a user's budget) or "g100" (a group's): from the segment's name
   std::string segment;  // the segment's path
   std::string limit;    // CUPOOL_SHARE_LIMIT as the budget holds it ("" when it has none)
-  std::vector<SharedBudget::Member> members;  // by pid
+  std::vector<SharedBudget::Member> members;  // the live ones, by pid (issue 26: gone ones drop out)
+  std::size_t gone = 0;                       // members gone whose slots the next admission empties
   std::vector<ShareDevice> devices;           // used by a member or named by the limit, by index
 };
 
