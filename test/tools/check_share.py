@@ -529,6 +529,50 @@ def check_usage(run):
                   f"cupool {' '.join(args)} >/dev/full: exit {p.returncode}, expected 4: {p.stderr}")
 
 
+def check_truncated_under_reader(opts, lay):
+    """Issue 26: another user truncating a segment of their own while `cupool metrics` read it
+    killed the server with SIGBUS (the segment was mapped). Now it is copied: a scrape while the
+    file shrinks and grows again skips or shows it, and the server lives on."""
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, f"cupool-share-{os.getuid()}-shrinking")
+        write_segment(path, lay, b"1GiB", {0: {"pid": os.getpid(), "start_ticks": 1, "command": b"x", "held": {0: 1}}})
+        full = open(path, "rb").read()
+        p = subprocess.Popen([opts.cupool, "metrics", "--listen", "127.0.0.1:0", "--dir", d], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+        stop = threading.Event()
+
+        def shrink():
+            while not stop.is_set():
+                with open(path, "r+b") as f:
+                    f.truncate(0)
+                    f.seek(0)
+                    f.write(full)
+        try:
+            line = read_until(p.stderr.fileno(), lambda data: b"\n" in data).decode()
+            m = re.search(r"serving http://127\.0\.0\.1:(\d+)/metrics", line)
+            if not check(m is not None, f"metrics --listen: no address said: {line!r}"):
+                return
+            t = threading.Thread(target=shrink)
+            t.start()
+            opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+            answered = 0
+            for _ in range(200):
+                try:
+                    with opener.open(f"http://127.0.0.1:{m.group(1)}/metrics", timeout=TIMEOUT) as r:
+                        answered += r.status == 200
+                except OSError:
+                    break
+            stop.set()
+            t.join()
+            check(answered == 200 and p.poll() is None,
+                  f"metrics while a segment was truncated and rewritten: {answered} of 200 answered, "
+                  f"server exit {p.poll()}")
+        finally:
+            stop.set()
+            p.send_signal(signal.SIGTERM)
+            p.communicate(timeout=TIMEOUT)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--cupool", required=True)
@@ -545,6 +589,8 @@ def main():
         if os.path.exists(segment):
             os.unlink(segment)
     check_crafted(opts, run)
+    check_truncated_under_reader(opts, json.loads(subprocess.run([opts.member, "--layout"], capture_output=True,
+                                                                 check=True).stdout))
     with tempfile.TemporaryDirectory() as d:
         check_usage(lambda *a, **kw: run(*a, cwd=d, **kw))
     if failures:
