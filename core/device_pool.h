@@ -96,6 +96,9 @@ class DevicePool final : public ThreadCacheOwner {
   // the cache its calls would have had: *tid names whose call is being replayed. Set before use.
   void set_recorded_thread(const std::uint32_t* tid) { recorded_thread_ = tid; }
   std::uint64_t cap() const { return cap_; }
+  // False for a preallocated region that may not grow (CUPOOL_PREALLOCATE_GROW unset): the pool
+  // then never asks the driver for more.
+  bool may_grow() const;
   std::uint64_t external() const;
   // The vmm policy is in force: blocks lie in one virtual range backed by granules mapped on
   // demand (false under vmm when the upstream has no virtual memory: the pool then grows in
@@ -186,7 +189,6 @@ class DevicePool final : public ThreadCacheOwner {
     posted_ += bytes;
     return true;
   }
-  bool may_grow() const;
   PoolStats state_locked() const;
   PoolStats reported_state_locked() const;  // state_locked(), published: the caller unlocks next
   void publish_state_locked(const PoolStats& state) const;

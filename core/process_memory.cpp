@@ -504,7 +504,9 @@ std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api,
             " free but its largest free block is " + human_bytes(s.largest_free);
       break;
     case OomClass::device:
-      why = "device: the driver itself is out of memory";
+      why = c.pool->may_grow() ? "device: the driver itself is out of memory"
+                               : "device: the preallocated region is used up, and the preallocate policy does not "
+                                 "grow (CUPOOL_PREALLOCATE_GROW)";
       break;
     case OomClass::share:
       why = "share: the shared budget has no room";

@@ -215,7 +215,9 @@ TEST_CASE("pool: preallocate reserves once and never grows past it", "[pool]") {
 
   AllocResult full = pool.allocate(1 * MiB);
   CHECK(full.ptr == 0);
-  CHECK(full.oom == OomClass::limit);
+  // No limit is set: the region used up is not a limit's refusal (issue 27, item 4). The pool will
+  // not grow, so the device's memory, as far as the policy goes, is used up.
+  CHECK(full.oom == OomClass::device);
 
   pool.deallocate(p[0]);
   pool.deallocate(p[2]);
