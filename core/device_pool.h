@@ -96,6 +96,7 @@ class DevicePool final : public ThreadCacheOwner {
   // the cache its calls would have had: *tid names whose call is being replayed. Set before use.
   void set_recorded_thread(const std::uint32_t* tid) { recorded_thread_ = tid; }
   std::uint64_t cap() const { return cap_; }
+  bool limited() const { return has_limit_; }  // CUPOOL_LIMIT names this device (else the cap is its size)
   // False for a preallocated region that may not grow (CUPOOL_PREALLOCATE_GROW unset): the pool
   // then never asks the driver for more.
   bool may_grow() const;

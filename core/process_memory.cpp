@@ -312,7 +312,8 @@ OutsideAnswer ProcessMemory::admit_outside(ContextMemory& c, std::uint64_t bytes
   // charge, whose refusal is an oom event of its own).
   if (vmm_free_bytes(&c) > 0 && !c.pool->has_room(bytes)) vmm_evict(&c);
   if (!c.pool->try_charge_external(bytes)) {
-    warn_oom(c, api, bytes, OomClass::limit);
+    // With no limit set the cap is the device's size: the device's refusal, not a limit's.
+    warn_oom(c, api, bytes, c.pool->limited() ? OomClass::limit : OomClass::device);
     return OutsideAnswer::refused_by_cap;
   }
   if (share_ && !share_->admit(c.device, device_total(c), bytes, cfg_.share_wait_ns)) {
