@@ -424,6 +424,7 @@ bool SharedBudget::slot_held_by_other(int i) const {
 
 std::uint64_t SharedBudget::reclaim_dead() {
   if (read_only_ || fd_ < 0) return 0;  // a private budget's members never die apart
+  reclaim_scans_.fetch_add(1, std::memory_order_relaxed);
   std::uint64_t bytes = 0;
   const Slot* const mine = mine_.load(std::memory_order_acquire);
   for (int i = 0; i < kMaxMembers; ++i) {

@@ -138,6 +138,9 @@ class SharedBudget {
   // This process's waits for room (those that ended admitted or refused) and their total time:
   // what its trace's footer reports.
   std::uint64_t waits() const { return waits_.load(std::memory_order_relaxed); }
+  // How often this member looked at every slot's lock for dead members (a test's measure: a
+  // waiter woken by releases must not rescan at every wake, issue 26).
+  std::uint64_t reclaim_scans() const { return reclaim_scans_.load(std::memory_order_relaxed); }
   std::uint64_t waited_ns() const { return waited_ns_.load(std::memory_order_relaxed); }
 
   // Give-back: `give_back` runs on a thread of this process whenever another member starts
@@ -208,7 +211,7 @@ class SharedBudget {
   std::function<void()> give_back_fn_;  // kept across fork: a child starts its own thread at its first claim
   void start_give_back();
   std::atomic<bool> stopping_{false};
-  std::atomic<std::uint64_t> waits_{0}, waited_ns_{0};
+  std::atomic<std::uint64_t> waits_{0}, waited_ns_{0}, reclaim_scans_{0};
 };
 
 }  // namespace cupool
