@@ -32,9 +32,11 @@ std::uint64_t now_ns() {
 }
 
 // Cross-process futex calls (not FUTEX_PRIVATE: the word is in shared memory).
-void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::uint64_t timeout_ns) {
+// True when it returned because the time ran out (not a wake, nor a word already changed).
+bool futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::uint64_t timeout_ns) {
   timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000ull), static_cast<long>(timeout_ns % 1'000'000'000ull)};
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+  return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0) != 0 &&
+         errno == ETIMEDOUT;
 }
 void futex_wake_all(std::atomic<std::uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
@@ -563,6 +565,11 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   bool ok = false;
   std::uint32_t last_release = seg_->released_seq.load();
   std::uint64_t quiet_since = started;  // no release seen since
+  // Dead members are looked for at most every kScanEvery_ns (each look tries every slot's lock):
+  // a wake by a release needs none, however many releases come (issue 26: 65 members' releases
+  // made each waiter rescan at every one, and a 300 ms wait ran to 0.85 s).
+  constexpr std::uint64_t kScanEvery_ns = 50'000'000;
+  std::uint64_t last_scan = started;
   for (;;) {
     const std::uint32_t seen = seg_->released_seq.load();
     if (claim(device, *b, bytes, false)) {
@@ -576,10 +583,12 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
     // one can give anything back, and all would wait out their time. One gives up now, the one
     // that holds the least (its program's out-of-memory frees what it held for the others).
     if (t - quiet_since >= kDeadlockQuiet_ns && gives_up_in_deadlock(device)) break;
-    // At most 50 ms asleep: a member that died holding room is reclaimed without anyone's
-    // release. Only then is every slot's lock looked at: a release needs no reclaim.
-    futex_wait(&seg_->released_seq, seen, std::min<std::uint64_t>(deadline - t, 50'000'000));
-    if (seg_->released_seq.load() == seen) reclaim_dead();
+    // At most 50 ms asleep: a member that died holding room is reclaimed without anyone's release.
+    const bool timed_out = futex_wait(&seg_->released_seq, seen, std::min<std::uint64_t>(deadline - t, kScanEvery_ns));
+    if (timed_out || now_ns() - last_scan >= kScanEvery_ns) {
+      reclaim_dead();
+      last_scan = now_ns();
+    }
   }
   mine->waiting[device].fetch_sub(bytes);
   waits_.fetch_add(1, std::memory_order_relaxed);
