@@ -1130,12 +1130,13 @@ TEST_CASE("share: a waiter woken by many releases does not rescan the members at
       releases.fetch_add(1);
     }
   });
+  while (releases.load() == 0) std::this_thread::yield();  // the churn runs before the wait begins
   const std::uint64_t wait_ns = 300'000'000;
   const bool admitted = waiter->admit(0, 4000, 500, wait_ns);
   done = true;
   churn.join();
   CHECK_FALSE(admitted);
-  CHECK(releases.load() > 0);  // it was woken (how often depends on the machine: not asserted)
+  // How often it was woken depends on the machine: not asserted; the bound below holds for any.
   // One scan before the wait, then at most one per 50 ms of it (and the wait's last, shorter
   // slice): not one per wake.
   CHECK(waiter->reclaim_scans() <= 1 + wait_ns / 50'000'000 + 2);
