@@ -286,7 +286,8 @@ OutsideAnswer ProcessMemory::admit_on_device(int device, std::uint64_t device_to
     taken = a.try_take(bytes);
   }
   if (!taken) {
-    warn_device_oom(device, api, bytes, OomClass::limit, a);
+    // With no limit set the cap is the device's size: the device's refusal, not a limit's.
+    warn_device_oom(device, api, bytes, cfg_.limit.for_device(device) ? OomClass::limit : OomClass::device, a);
     return OutsideAnswer::refused_by_cap;
   }
   if (share_ && !share_->admit(device, device_total, bytes, cfg_.share_wait_ns)) {
@@ -526,7 +527,8 @@ void ProcessMemory::warn_device_oom(int device, const char* api, std::uint64_t s
   std::string message = std::string("out of memory on device ") + std::to_string(device) + ": " + api + " of " +
                         human_bytes(size) + " refused (";
   message += oom == OomClass::share && share_ ? "share: " + share_->refusal()
-                                    : "limit: the cap of " + human_bytes(a.cap()) + " would be exceeded";
+             : oom == OomClass::device ? "device: the device's " + human_bytes(a.cap()) + " would be exceeded"
+                                       : "limit: the cap of " + human_bytes(a.cap()) + " would be exceeded";
   message += "); the process holds " + human_bytes(a.charged()) + " on the device (memory that names its device, "
              "made on a thread with no context there)";
   if (oom == OomClass::share && share_)

@@ -232,10 +232,7 @@ Placement stream_ordered_placement(const void* stream, CUmemoryPool pool) {
   if (s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) {
     where = Api::context(~std::uint64_t{0});
   } else {
-    using GetCtx = CUresult (*)(CUstream, CUcontext*);
-    static const auto get_ctx = reinterpret_cast<GetCtx>(driver_function("cuStreamGetCtx"));
-    CUcontext ctx = nullptr;
-    if (get_ctx && get_ctx(s, &ctx) == CUDA_SUCCESS && ctx != nullptr) where = pool_of_context(ctx);
+    if (CUcontext ctx = stream_context(s)) where = pool_of_context(ctx);
     if (where.cp == nullptr && where.device < 0) where = Api::context(~std::uint64_t{0});  // as before: the thread's
   }
   if (pool != nullptr)

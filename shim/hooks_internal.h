@@ -36,6 +36,11 @@ struct WithPath<R(A...)> {
 // is noted (hooks_streams.cpp); then the real function, whatever it was.
 void note_per_thread_stream_work();
 
+// The context a stream belongs to, which need not be the calling thread's: the driver's answer
+// (cuStreamGetCtx); the calling thread's current one for the default streams, or when the driver
+// has none to give (hooks_streams.cpp).
+CUcontext stream_context(CUstream stream);
+
 template <typename T>
 void pick_stream(T arg, CUstream* stream, bool* has) {
   if (*has) return;

@@ -22,18 +22,6 @@ CUcontext current_context() {
   return ctx;
 }
 
-// The context a stream belongs to, which need not be the calling thread's (a capture may begin on
-// a stream of another context): the driver's answer; the thread's for the default streams.
-CUcontext stream_context(CUstream stream) {
-  using GetCtx = CUresult (*)(CUstream, CUcontext*);
-  static const auto get_ctx = reinterpret_cast<GetCtx>(driver_function("cuStreamGetCtx"));
-  CUcontext ctx = nullptr;
-  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD && get_ctx &&
-      get_ctx(stream, &ctx) == CUDA_SUCCESS && ctx != nullptr)
-    return ctx;
-  return current_context();
-}
-
 void emit_stream_event(trace::EventKind kind, trace::Path path, const char* api, CUstream stream, std::uint64_t t0,
                        const unsigned* flags) {
   trace::Record r;
@@ -130,6 +118,19 @@ CUresult end_capture(CUstream stream, Call&& call) {
 }
 
 }  // namespace
+
+// The context a stream belongs to, which need not be the calling thread's (a capture may begin on
+// a stream of another context): the driver's answer; the thread's for the default streams.
+CUcontext stream_context(CUstream stream) {
+  using GetCtx = CUresult (*)(CUstream, CUcontext*);
+  static const auto get_ctx = reinterpret_cast<GetCtx>(driver_function("cuStreamGetCtx"));
+  CUcontext ctx = nullptr;
+  if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD && get_ctx &&
+      get_ctx(stream, &ctx) == CUDA_SUCCESS && ctx != nullptr)
+    return ctx;
+  return current_context();
+}
+
 
 // The first work this thread puts on its per-thread default stream: from then on, that stream
 // counts as one more blocking stream (the legacy stream's fence events cover it: measured).
