@@ -1,7 +1,7 @@
 // Allocation, free and memory-info hooks of the runtime and the driver. Allocations that a pool
 // can serve (cudaMalloc, cudaMallocPitch, cuMemAlloc_v2, cuMemAllocPitch_v2) go to the pool of
 // the current context; the rest (managed, stream-ordered, arrays) go to the driver and are
-// counted against the cap (ProcessMemory, core/process_memory.h). Every outermost call is one
+// counted against the cap (ProcessMemory, policy/process_memory.h). Every outermost call is one
 // trace event. A runtime hook and its driver twin are one body over the API's traits
 // (hooks_memory.h). Virtual-memory hooks: hooks_vmm.cpp.
 #include <algorithm>

@@ -160,7 +160,7 @@ CUresult cuPointerGetAttributes(Path, unsigned int count, CUpointer_attribute* a
 
 // ---- IPC ---------------------------------------------------------------------------------
 // The driver shares whole allocations, so a pool block travels as its chunk's handle with the
-// block's place written in (core/ipc_handle.h); an importing cupool opens the chunk and hands
+// block's place written in (policy/ipc_handle.h); an importing cupool opens the chunk and hands
 // out the block. A place that cannot be written is refused with a clear message rather than let
 // the other process see the chunk's start.
 namespace {

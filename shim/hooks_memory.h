@@ -1,5 +1,5 @@
 // What the memory hooks share (hooks_alloc.cpp, hooks_vmm.cpp): the event each outermost call
-// records, the way to the process's memory (core/process_memory.h), and the traits that let one
+// records, the way to the process's memory (policy/process_memory.h), and the traits that let one
 // body serve a runtime hook and its driver twin.
 #pragma once
 

@@ -1,7 +1,7 @@
 // Virtual-memory hooks of the driver: cuMemCreate (physical memory, counted against the cap),
 // cuMemRelease, and the address-space and mapping calls. Under growth and preallocate, whole
 // mappings (one handle over one reservation of its size) are recycled by the VMM mapping cache
-// (core/vmm_cache.h, owned by ProcessMemory): a call it serves makes no driver call and its
+// (policy/vmm_cache.h, owned by ProcessMemory): a call it serves makes no driver call and its
 // event says "recycled". Anything else goes to the driver.
 #include <cstring>
 

@@ -1,5 +1,5 @@
 // Process-wide state of the shim: configuration, trace writer, and the process's memory (one
-// ProcessMemory, core/process_memory.h). Hooks reach it only through here.
+// ProcessMemory, policy/process_memory.h). Hooks reach it only through here.
 #pragma once
 
 #include <cstdint>
@@ -46,7 +46,7 @@ std::uint32_t stack_sampling();
 // The calling thread's stack, interned by the trace writer: the id for Record::stack (0: none).
 std::uint32_t record_stack();
 
-// The memory of one context (core/process_memory.h). Its upstream is the shim's DriverUpstream.
+// The memory of one context (policy/process_memory.h). Its upstream is the shim's DriverUpstream.
 using ContextPool = ContextMemory;
 inline DriverUpstream& driver_upstream(const ContextPool& cp) { return *static_cast<DriverUpstream*>(cp.upstream); }
 

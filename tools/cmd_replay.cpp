@@ -281,7 +281,7 @@ int cmd_replay(const std::vector<std::string>& raw) {
     for (const auto& [opt, var] : option_vars)
       if (auto v = args.value(opt)) vars[var] = *v;
 
-    // The replayed configuration is read by the same table as the library's (core/options.cpp).
+    // The replayed configuration is read by the same table as the library's (policy/options.cpp).
     auto parse_vars = [](const std::map<std::string, std::string>& vs) -> Config {
       auto parsed = parse_options([&](const char* var) -> const char* {
         auto it = vs.find(var);

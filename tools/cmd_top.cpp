@@ -1,4 +1,4 @@
-// cupool top and cupool metrics: the shared budgets on this node (core/shared_budget.h) and who
+// cupool top and cupool metrics: the shared budgets on this node (policy/shared_budget.h) and who
 // holds what in them, as a live view and as Prometheus metrics. Both read the segments without
 // joining them (tools/share_view.h).
 #include <netdb.h>

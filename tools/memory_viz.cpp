@@ -17,7 +17,7 @@ void page_integer(PickleWriter& p, std::uint64_t v) {
   p.integer(static_cast<std::int64_t>(std::min<std::uint64_t>(v, static_cast<std::uint64_t>(INT64_MAX))));
 }
 
-constexpr std::uint64_t kBlockAlignment = 512;  // the pool's block granularity (core/suballocator.h)
+constexpr std::uint64_t kBlockAlignment = 512;  // the pool's block granularity (policy/suballocator.h)
 constexpr std::uint64_t kSmallSegment = 1 << 20;  // PyTorch calls segments of at most 1 MiB "small"
 
 constexpr const char* kActionNames[] = {"alloc",        "free_requested", "free_completed", "segment_alloc",

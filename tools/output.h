@@ -15,7 +15,7 @@ struct OutputError : std::runtime_error {
 };
 
 // An output file written whole or not at all: into a temporary file beside it (created as
-// core/output_file.h says: mode 0600, no link followed), renamed over it by commit(). A path
+// policy/output_file.h says: mode 0600, no link followed), renamed over it by commit(). A path
 // that is a symbolic link, a directory or another user's file is refused; one that is neither a
 // regular file nor missing (/dev/null, a pipe) is written in place. "-" is standard output when
 // `stdout_ok`.

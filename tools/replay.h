@@ -1,6 +1,6 @@
 // `cupool replay`: the recorded allocations and frees driven through policies on simulated
 // devices (tools/sim_upstream.h), each recorded process by the object the shim runs
-// (ProcessMemory, core/process_memory.h): its pools, its memory outside them, its cap. The
+// (ProcessMemory, policy/process_memory.h): its pools, its memory outside them, its cap. The
 // replayed events go into one Analysis per policy: the same numbers as `report`.
 #pragma once
 

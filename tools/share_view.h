@@ -1,4 +1,4 @@
-// What `cupool top` and `cupool metrics` show: every shared budget on the node (core/
+// What `cupool top` and `cupool metrics` show: every shared budget on the node (policy/
 // shared_budget.h), read from its segment without joining it, and the three ways of showing it
 // (text for a terminal, JSON, the Prometheus text exposition format). docs/cli.md describes them.
 #pragma once

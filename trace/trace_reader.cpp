@@ -1145,7 +1145,7 @@ bool decode_size(const nlohmann::json& v, SizeSpec* out) {
   return false;
 }
 
-// The inverse of append_limit_json (core/options.cpp).
+// The inverse of append_limit_json (policy/options.cpp).
 bool decode_limit(const nlohmann::json& l, LimitSpec* out) {
   *out = LimitSpec{};
   if (l.is_null()) return true;

@@ -46,7 +46,7 @@ struct Header {
   nlohmann::json config;
 };
 
-// The configuration a trace's header records (written by config_json, core/options.h), decoded
+// The configuration a trace's header records (written by config_json, policy/options.h), decoded
 // back. Nothing, with `why`, when a key is missing or malformed (a trace of another version).
 std::optional<Config> decode_config(const nlohmann::json& config, std::string* why = nullptr);
 

@@ -241,7 +241,7 @@ inline constexpr const char* host = "host";
 inline constexpr const char* cmdline = "cmdline";
 inline constexpr const char* start_unix_ns = "start_unix_ns";
 inline constexpr const char* start_mono_ns = "start_mono_ns";
-inline constexpr const char* config = "config";    // config_json (core/options.h), decode_config
+inline constexpr const char* config = "config";    // config_json (policy/options.h), decode_config
 inline constexpr const char* devices = "devices";  // devices known when the file was opened
 }  // namespace header_key
 namespace device_key {  // device lines, and the devices of the footer

@@ -34,7 +34,7 @@ class TraceWriter final : public PoolObserver {
   // A writer for the file Config::trace_path names ("%p" expanded). The file itself is created
   // (truncated, with its header) at the process's first event or device, not here: a process
   // that never uses CUDA (every `ls` of a job script the library is preloaded into) leaves no
-  // file. It is opened as core/output_file.h says: no symbolic link followed, mode 0600. Here
+  // file. It is opened as policy/output_file.h says: no symbolic link followed, mode 0600. Here
   // only the directory is checked; if it cannot hold the file, returns null and sets *error to
   // one line "cupool: CUPOOL_TRACE: ...".
   static std::unique_ptr<TraceWriter> open(const Config& config, std::string* error);

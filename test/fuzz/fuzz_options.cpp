@@ -1,4 +1,4 @@
-// libFuzzer target: parse_options() (core/options.cpp) on an environment made of the input.
+// libFuzzer target: parse_options() (policy/options.cpp) on an environment made of the input.
 //
 // The input is the environment as text: a line starting "CUPOOL_" begins a variable
 // ("CUPOOL_LIMIT=0:8GiB,1:50%"), any other line continues the previous value after a newline (a

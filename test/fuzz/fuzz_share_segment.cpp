@@ -1,5 +1,5 @@
 // libFuzzer target: reading a shared budget's segment as `cupool top` and `cupool metrics` do
-// (SharedBudget::observe, core/shared_budget.cpp) from a file anyone may have planted or forged.
+// (SharedBudget::observe, policy/shared_budget.cpp) from a file anyone may have planted or forged.
 // The input is the file: padded or cut to a segment's size when it starts with the magic (so
 // that the fields behind it are reached), as it comes otherwise. Besides "no crash, no sanitizer
 // error, no hang": a segment read gives bounded strings, and its members' figures can be summed.

@@ -11,7 +11,7 @@ member processes (prog_share) under libcupool.so on the simulated CUDA. Each cas
   - devices 16 and above were refused under a budget; a huge CUPOOL_SHARE_WAIT waited not at all;
   - a FIFO at a segment's name hung `cupool top`; a planted file was joined (group access) or
     stopped every job with an unclear message; the 257th member was told there was no room.
-Kills that must land at a given step use the test hook CUPOOLTEST_SHARE_KILL (core/shared_budget.h).
+Kills that must land at a given step use the test hook CUPOOLTEST_SHARE_KILL (policy/shared_budget.h).
 No timing is asserted."""
 import argparse
 import glob

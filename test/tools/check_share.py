@@ -4,7 +4,7 @@
   check_share.py --cupool PATH --member PATH
 
 PATH of --member is share_member (test/tools/share_member.cpp): a member of a budget, joined
-through core/shared_budget with figures chosen here. Two members of a budget with a random name
+through policy/shared_budget with figures chosen here. Two members of a budget with a random name
 (parallel runs do not meet) hold known bytes; then:
   - top --json: the budget (limit, per device the budget, percent ones unresolved, and the sum
     held) and each member (pid, command, alive, out-of-memory count, per device held / in use /

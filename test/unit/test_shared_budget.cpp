@@ -1,4 +1,4 @@
-// The shared budget (core/shared_budget): the admission protocol model-checked over every
+// The shared budget (policy/shared_budget): the admission protocol model-checked over every
 // interleaving, the real segment in one process, many processes at once (some killed), a forked
 // child, and a member that waits for room. docs/design.md, "Sharing a device".
 //
@@ -702,7 +702,7 @@ bool wait_until(Child& child, F done) {
 
 // ---- 1b. Liveness and slot claiming, model-checked (issue 26) ----------------------------------------
 //
-// Who owns a slot, as the kernel's locks decide it (core/shared_budget.cpp: my_slot, reclaim_dead).
+// Who owns a slot, as the kernel's locks decide it (policy/shared_budget.cpp: my_slot, reclaim_dead).
 // A process claims a slot by locking it (a try: it fails while another holds it), marks it
 // claiming, empties what a dead member left, marks it live, then holds one unit in it. It may die
 // at any step, its own slot's lock dropping with it (exec is the same for the slot). A reclaimer

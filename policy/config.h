@@ -1,4 +1,4 @@
-// The effective configuration, parsed from CUPOOL_* variables by core/options.cpp, whose one
+// The effective configuration, parsed from CUPOOL_* variables by policy/options.cpp, whose one
 // table (kOptions) names every variable, its type, default, accepted values and meaning.
 #pragma once
 

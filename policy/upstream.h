@@ -11,7 +11,7 @@ namespace cupool {
 enum class UpstreamStatus : std::uint8_t {
   ok = 0,
   out_of_memory,  // the device itself has no room
-  share_exhausted,  // the budget shared with other processes has no room (core/shared_budget.h)
+  share_exhausted,  // the budget shared with other processes has no room (policy/shared_budget.h)
   error,          // anything else (lost context, driver shut down)
 };
 

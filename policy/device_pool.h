@@ -111,7 +111,7 @@ class DevicePool final : public ThreadCacheOwner {
 
   static constexpr std::size_t kChunkGranularity = 2u << 20;
   // Deferred free: a fence per Quarantine::kBatchBlocks blocks or kBatchBytes bytes, at most once
-  // per kSealIntervalNs from frees (core/quarantine.h).
+  // per kSealIntervalNs from frees (policy/quarantine.h).
   // Deferred free: an allocation waits for the oldest fences while the quarantine holds more than
   // an eighth of the reserved bytes, and at least this much.
   static constexpr std::uint64_t kQuarantineFloor = 256ull << 20;
