@@ -3,7 +3,7 @@
 // granularity); each has a state (unmapped, mapped, or a map or unmap in flight) and a count of
 // the taken blocks (live or quarantined) that touch it. A mapped granule that no block touches is
 // idle: it may be unmapped, once the device work that used it has retired (`safe_seq`).
-// No driver calls and no lock here: DevicePool serialises access and makes the calls
+// No driver calls and no lock here: ContextPool serialises access and makes the calls
 // (docs/design.md, "The vmm policy").
 #pragma once
 

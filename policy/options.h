@@ -36,7 +36,7 @@ struct OptionInfo {
 inline constexpr std::size_t kOptionCount = 19;
 
 // The least CUPOOL_PREALLOCATE given as a size: the pool's chunk granularity
-// (DevicePool::kChunkGranularity; a unit test checks they agree).
+// (ContextPool::kChunkGranularity; a unit test checks they agree).
 inline constexpr std::uint64_t kMinPreallocateBytes = 2ull << 20;
 extern const std::array<OptionInfo, kOptionCount> kOptions;
 

@@ -84,7 +84,7 @@ class BudgetedUpstream final : public Upstream {
     if (share_.admit(c_.device, total(), bytes, 0)) return true;
     if (c_.pool) c_.pool->trim();  // the pool's lock is not held while it reserves
     ShareAsk* ask = t_share_ask;
-    constexpr std::uint64_t kChunk = DevicePool::kChunkGranularity;
+    constexpr std::uint64_t kChunk = ContextPool::kChunkGranularity;
     if (ask && asks_smaller_ && bytes > (ask->size + kChunk - 1) / kChunk * kChunk)
       return share_.admit(c_.device, total(), bytes, 0);
     std::uint64_t wait = wait_ns_;
@@ -100,7 +100,7 @@ class BudgetedUpstream final : public Upstream {
   void publish() {
     if (!c_.pool) return;
     const PoolStats s = c_.pool->state();
-    share_.publish(c_.device, s.in_use + c_.pool->external(), s.reserved + c_.pool->external());
+    share_.publish(c_.device, s.in_use + c_.pool->outside(), s.reserved + c_.pool->outside());
   }
 
  public:
@@ -176,7 +176,7 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
                                                             cfg_.policy == PolicyKind::growth);
     pool_upstream = record->budgeted.get();
   }
-  record->pool = std::make_unique<DevicePool>(cfg_, record->device, *pool_upstream, observer_,
+  record->pool = std::make_unique<ContextPool>(cfg_, record->device, *pool_upstream, observer_,
                                               &account(record->device, record->device_total));
   ContextMemory* c = record.get();
   records_.push_back(std::move(record));
@@ -312,13 +312,13 @@ OutsideAnswer ProcessMemory::admit_outside(ContextMemory& c, std::uint64_t bytes
   // Free mappings the cache keeps are charged: past the cap, they go back first (before the
   // charge, whose refusal is an oom event of its own).
   if (vmm_free_bytes(&c) > 0 && !c.pool->has_room(bytes)) vmm_evict(&c);
-  if (!c.pool->try_charge_external(bytes)) {
+  if (!c.pool->try_charge_outside(bytes)) {
     // With no limit set the cap is the device's size: the device's refusal, not a limit's.
     warn_oom(c, api, bytes, c.pool->limited() ? OomClass::limit : OomClass::device);
     return OutsideAnswer::refused_by_cap;
   }
   if (share_ && !share_->admit(c.device, device_total(c), bytes, cfg_.share_wait_ns)) {
-    c.pool->uncharge_external(bytes);
+    c.pool->uncharge_outside(bytes);
     share_->note_oom();
     warn_oom(c, api, bytes, OomClass::share);
     return OutsideAnswer::refused_by_share;
@@ -327,12 +327,12 @@ OutsideAnswer ProcessMemory::admit_outside(ContextMemory& c, std::uint64_t bytes
 }
 
 void ProcessMemory::unadmit_outside(ContextMemory& c, std::uint64_t bytes) {
-  c.pool->uncharge_external(bytes);
+  c.pool->uncharge_outside(bytes);
   if (share_) share_->release(c.device, bytes);
 }
 
 void ProcessMemory::charge_outside(ContextMemory& c, std::uint64_t bytes) {
-  c.pool->charge_external(bytes);
+  c.pool->charge_outside(bytes);
   if (share_) share_->add(c.device, bytes);
 }
 
@@ -431,7 +431,7 @@ void ProcessMemory::publish_share() {
   std::map<int, std::pair<std::uint64_t, std::uint64_t>> by_device;  // in use, reserved
   for_each([&](ContextMemory& c) {
     const PoolStats s = c.pool->state();
-    const std::uint64_t outside = c.pool->external();
+    const std::uint64_t outside = c.pool->outside();
     auto& [in_use, reserved] = by_device[c.device];
     in_use += s.in_use + outside;
     reserved += s.reserved + outside;
@@ -468,7 +468,7 @@ void ProcessMemory::parent_after_fork() {
 }
 
 void ProcessMemory::child_after_fork(const std::function<void(ContextMemory&)>& before) {
-  DevicePool::after_fork_in_child();
+  ContextPool::after_fork_in_child();
   const int n = slot_count_.load();
   for (int i = 0; i < n; ++i) {
     if (slot_ctx_[i].load() == kDropped || !slot_[i]) continue;

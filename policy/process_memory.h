@@ -2,7 +2,7 @@
 // The shim translates CUDA calls into calls on one ProcessMemory and its answers back into CUDA
 // codes; `cupool replay` drives the very same object on simulated devices, so that a replay runs
 // what the shim runs, not an imitation of it. It holds:
-// - one DevicePool per device context (growth, preallocate, the cap, free modes);
+// - one ContextPool per device context (growth, preallocate, the cap, free modes);
 // - the table of memory the process holds outside the pools (passthrough, managed,
 //   stream-ordered, virtual memory, arrays), charged against the cap and uncharged at its free;
 // - the VMM mapping cache, and the rule that its kept mappings go back before anything is refused;
@@ -20,7 +20,7 @@
 
 #include "config.h"
 #include "device_account.h"
-#include "device_pool.h"
+#include "context_pool.h"
 #include "pool_events.h"
 #include "shared_budget.h"
 #include "upstream.h"
@@ -35,7 +35,7 @@ struct ContextMemory {
   std::uint64_t primary = 0;  // the device's primary context, when the caller knows it
   int device = -1;
   Upstream* upstream = nullptr;  // owned by the caller
-  std::unique_ptr<DevicePool> pool;
+  std::unique_ptr<ContextPool> pool;
   // With a shared budget: the upstream the pool uses, which asks the budget before the driver.
   std::unique_ptr<Upstream> budgeted;
   std::uint64_t device_total = 0;  // the device's memory (set once, at creation): a percent budget's base
@@ -115,7 +115,6 @@ class ProcessMemory {
   OutsideAnswer admit_outside(ContextMemory& c, std::uint64_t bytes, const char* api);
   void unadmit_outside(ContextMemory& c, std::uint64_t bytes);
   void charge_outside(ContextMemory& c, std::uint64_t bytes);
-  void uncharge_outside(ContextMemory& c, std::uint64_t bytes) { unadmit_outside(c, bytes); }
 
   // ---- memory info: total is the cap, free what the process could still get. False when the
   // process is not governed (pure passthrough with no cap): the driver's answer stands.

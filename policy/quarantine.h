@@ -1,7 +1,7 @@
 // Quarantine: blocks freed in deferred mode, held until a fence placed after their free has
 // retired (docs/design.md, "Free modes"). Frees join the open batch; sealing closes it behind one
 // fence; fences retire in order, oldest first, and a retired fence releases every batch up to it.
-// Bookkeeping only: the owner (DevicePool) places, polls and waits for fences, and holds its own
+// Bookkeeping only: the owner (ContextPool) places, polls and waits for fences, and holds its own
 // lock around every call.
 #pragma once
 

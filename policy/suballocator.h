@@ -3,7 +3,7 @@
 // bitmaps, so allocate and free take bounded time whatever the number of blocks; neighbours within
 // a chunk are coalesced on free (never across chunks). All metadata lives in host memory: a node
 // slab (grows by doubling, rarely) and an open-addressing hash from block address to node.
-// Not thread-safe: DevicePool serialises access.
+// Not thread-safe: ContextPool serialises access.
 #pragma once
 
 #include <bit>

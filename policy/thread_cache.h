@@ -1,4 +1,4 @@
-// A thread's cache in front of a DevicePool: the blocks it freed, kept for its next allocation of
+// A thread's cache in front of a ContextPool: the blocks it freed, kept for its next allocation of
 // the same size, and the blocks it got from the pool (so a free knows their size without the
 // pool's lock). Blocks up to kMaxBlock wait in bins; of larger ones only the first the thread
 // frees after an allocation is kept, and only until its next allocation: one of the same size
@@ -86,7 +86,7 @@ class ThreadCache {
   std::size_t live_count_ = 0;
 };
 
-// Who owns caches (a DevicePool): a thread that exits gives its cache back to its owner.
+// Who owns caches (a ContextPool): a thread that exits gives its cache back to its owner.
 class ThreadCacheOwner {
  public:
   virtual void retire_cache(ThreadCache* cache) = 0;

@@ -134,7 +134,7 @@ void DriverUpstream::synchronize() {
 // blocking stream captures and the legacy stream cannot be used, the event recorded on it before
 // that capture began), and destroyed streams' last work; then a wait for each. Work that other
 // threads put on their per-thread streams during a blocking capture is not covered: the blocks
-// freed meanwhile stay in quarantine until the capture ends (DevicePool::deallocate).
+// freed meanwhile stay in quarantine until the capture ends (ContextPool::deallocate).
 void DriverUpstream::wait_uncaptured() {
   ContextScope scope(ctx_);
   std::vector<CUstream> targets = streams().non_blocking_of(ctx_);

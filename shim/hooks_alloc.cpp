@@ -23,27 +23,27 @@ using trace::EventKind;
 using trace::OomClass;
 using trace::Path;
 
-ContextPool* runtime_pool() {
+ContextMemory* runtime_pool() {
   CUresult rc = CUDA_SUCCESS;
-  if (ContextPool* cp = current_pool(&rc)) return cp;
+  if (ContextMemory* cp = current_pool(&rc)) return cp;
   if (auto real_free = CUPOOL_REAL(cudaFree); real_free && real_free(nullptr) == cudaSuccess)
     return current_pool(&rc);
   return nullptr;
 }
 
-ContextPool* driver_pool() {
+ContextMemory* driver_pool() {
   CUresult rc = CUDA_SUCCESS;
   return current_pool(&rc);
 }
 
-ContextPool* pool_of_context(CUcontext ctx) {
-  if (ContextPool* cp = existing_pool(ctx)) return cp;
+ContextMemory* pool_of_context(CUcontext ctx) {
+  if (ContextMemory* cp = existing_pool(ctx)) return cp;
   // The context is not this thread's: made current for the moment describe_context needs it,
   // then the thread's own is current again (no call of the program sees the difference).
   const DriverCalls& d = driver();
   if (!d.ok || d.ctx_push(ctx) != CUDA_SUCCESS) return nullptr;
   CUresult rc = CUDA_SUCCESS;
-  ContextPool* cp = current_pool(&rc);
+  ContextMemory* cp = current_pool(&rc);
   CUcontext popped = nullptr;
   d.ctx_pop(&popped);
   return cp;
@@ -51,7 +51,7 @@ ContextPool* pool_of_context(CUcontext ctx) {
 
 Placement placed_on_device(int device) {
   if (device < 0) return {};
-  if (ContextPool* cp = driver_pool(); cp && cp->device == device) return cp;
+  if (ContextMemory* cp = driver_pool(); cp && cp->device == device) return cp;
   return Placement::on_device(device);
 }
 
@@ -101,7 +101,7 @@ typename Api::Code allocate_outside_hook(Path path, const char* api, Out* out, s
   HookEvent ev(EventKind::alloc, api, path);
   if (stream) ev.stream(*stream);
   std::uint64_t key = 0;
-  const auto rc = external_allocate<Api>(where, bytes, api, &key, [&] {
+  const auto rc = outside_allocate<Api>(where, bytes, api, &key, [&] {
     const auto r = real_call();
     key = address(*out);
     return r;
@@ -116,7 +116,7 @@ typename Api::Code allocate_outside_hook(Path path, const char* api, Out* out, s
 // forbids), by the driver outside the pools. `bytes`: what it takes; `row`: the pitch to report.
 template <typename Api, typename Ptr, typename RealCall>
 typename Api::Code pool_allocate_hook(Path path, const char* api, Ptr* out, std::size_t* pitch, std::uint64_t bytes,
-                                      std::uint64_t row, bool poolable, ContextPool* cp, RealCall&& real_call) {
+                                      std::uint64_t row, bool poolable, ContextMemory* cp, RealCall&& real_call) {
   if (cp == nullptr || !pooled() || !poolable || capture_forbids_here())
     return allocate_outside_hook<Api>(path, api, out, bytes, cp, real_call);
   HookEvent ev(EventKind::alloc, api, path);
@@ -147,9 +147,9 @@ typename Api::Code free_outside_hook(Path path, const char* api, std::uint64_t k
   if (stream) ev.stream(*stream);
   const auto rc = real_call();
   std::uint64_t bytes = 0;
-  ContextPool* owner = nullptr;
+  ContextMemory* owner = nullptr;
   int device = -1;
-  if (rc == Api::ok) forget_external(key, &bytes, &owner, &device);
+  if (rc == Api::ok) forget_outside(key, &bytes, &owner, &device);
   ev.r.device = static_cast<std::int16_t>(device);
   ev.done(rc, bytes, key, owner);
   return rc;
@@ -162,7 +162,7 @@ template <typename Api, typename RealFree, typename RefuseCapture>
 typename Api::Code free_any(Path path, const char* api, std::uint64_t ptr, RealFree&& real_free,
                             RefuseCapture&& refuse_capture) {
   HookEvent ev(EventKind::free, api, path);
-  if (ContextPool* cp = pooled() ? pool_owning(ptr) : nullptr) {
+  if (ContextMemory* cp = pooled() ? pool_owning(ptr) : nullptr) {
     if (capture_forbids_here()) {
       const auto rc = refuse_capture(cp);
       ev.done(rc, 0, ptr, cp);
@@ -178,9 +178,9 @@ typename Api::Code free_any(Path path, const char* api, std::uint64_t ptr, RealF
   }
   const auto rc = real_free();
   std::uint64_t bytes = 0;
-  ContextPool* owner = nullptr;
+  ContextMemory* owner = nullptr;
   int device = -1;
-  if (rc == Api::ok) forget_external(ptr, &bytes, &owner, &device);
+  if (rc == Api::ok) forget_outside(ptr, &bytes, &owner, &device);
   ev.r.device = static_cast<std::int16_t>(device);
   ev.done(rc, bytes, ptr, owner);
   return rc;
@@ -189,7 +189,7 @@ typename Api::Code free_any(Path path, const char* api, std::uint64_t ptr, RealF
 // Memory info as the process's share: total is the cap, free what it could still get; the
 // driver's answer when the process is not governed.
 template <typename Api, typename RealCall>
-typename Api::Code mem_info_hook(Path path, const char* api, size_t* free, size_t* total, ContextPool* cp,
+typename Api::Code mem_info_hook(Path path, const char* api, size_t* free, size_t* total, ContextMemory* cp,
                                  RealCall&& real_call) {
   HookEvent ev(EventKind::mem_info, api, path);
   typename Api::Code rc = Api::ok;
@@ -261,7 +261,7 @@ typename Api::Code stream_ordered_free(Path path, const char* api, bool per_thre
 
 // The runtime's twin of DriverUpstream::refuse_as_capture_does: the same unsafe call made
 // through the runtime, so that its last error says so too.
-cudaError_t refuse_runtime_as_capture_does(ContextPool* cp) {
+cudaError_t refuse_runtime_as_capture_does(ContextMemory* cp) {
   using EventQuery = cudaError_t (*)(cudaEvent_t);
   if (auto query = reinterpret_cast<EventQuery>(runtime_function("cudaEventQuery")))
     if (CUevent probe = driver_upstream(*cp).probe_event()) {
@@ -376,7 +376,7 @@ cudaError_t cudaFree(Path path, void* devPtr) {
   // cudaFree(NULL) only initialises the runtime: not an event.
   return outermost(devPtr != nullptr, call, [&] {
     return free_any<RuntimeApi>(path, "cudaFree", address(devPtr), call,
-                                [](ContextPool* cp) { return refuse_runtime_as_capture_does(cp); });
+                                [](ContextMemory* cp) { return refuse_runtime_as_capture_does(cp); });
   });
 }
 
@@ -414,7 +414,7 @@ CUresult cuMemFree_v2(Path path, CUdeviceptr dptr) {
   auto call = [&] { return real ? real(dptr) : DriverApi::no_library; };
   return outermost(dptr != 0, call, [&] {
     return free_any<DriverApi>(path, "cuMemFree_v2", dptr, call,
-                               [](ContextPool* cp) { return driver_upstream(*cp).refuse_as_capture_does(); });
+                               [](ContextMemory* cp) { return driver_upstream(*cp).refuse_as_capture_does(); });
   });
 }
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <type_traits>
 
-#include "device_pool.h"
+#include "context_pool.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
 #include "ipc_handle.h"
@@ -98,7 +98,7 @@ CUresult cuMemGetAddressRange_v2(Path, CUdeviceptr* base, size_t* size, CUdevice
   auto real = CUPOOL_REAL(cuMemGetAddressRange_v2);
   if (scope.outermost()) {
     initialize();
-    if (ContextPool* cp = pool_owning(ptr)) {
+    if (ContextMemory* cp = pool_owning(ptr)) {
       std::uint64_t block_base = 0;
       std::size_t block_bytes = 0;
       if (cp->pool->block_range(ptr, &block_base, &block_bytes)) {
@@ -125,7 +125,7 @@ namespace {
 void patch_range(CUpointer_attribute attribute, void* data, CUdeviceptr ptr) {
   if (attribute != CU_POINTER_ATTRIBUTE_RANGE_START_ADDR && attribute != CU_POINTER_ATTRIBUTE_RANGE_SIZE) return;
   if (data == nullptr) return;
-  ContextPool* cp = pool_owning(ptr);
+  ContextMemory* cp = pool_owning(ptr);
   std::uint64_t block_base = 0;
   std::size_t block_bytes = 0;
   if (cp == nullptr || !cp->pool->block_range(ptr, &block_base, &block_bytes)) {
@@ -168,7 +168,7 @@ namespace {
 // the pool's own records: torch.multiprocessing shares from a feeder thread that has no current
 // context, where a driver query would fail.
 bool pool_block_place(std::uint64_t ptr, ipc::BlockPlace* place) {
-  ContextPool* cp = pool_owning(ptr);
+  ContextMemory* cp = pool_owning(ptr);
   std::uint64_t block_base = 0, chunk_base = 0;
   std::size_t block_bytes = 0;
   if (cp == nullptr || !cp->pool->block_in_reservation(ptr, &block_base, &block_bytes, &chunk_base)) return false;
@@ -180,7 +180,7 @@ bool pool_block_place(std::uint64_t ptr, ipc::BlockPlace* place) {
 // IPC handles do not cover such memory, and no handle of the driver's names the block. Refused,
 // with one line saying why, before the driver is asked (it could answer for another mapping).
 bool vmm_block(std::uint64_t ptr, const char* api) {
-  ContextPool* cp = pool_owning(ptr);
+  ContextMemory* cp = pool_owning(ptr);
   if (cp == nullptr || !cp->pool->virtual_memory()) return false;
   log_warn(fmt::format("{}: cannot share a block of the vmm policy (CUPOOL_POLICY=vmm) over CUDA IPC: the driver's "
                        "IPC handles do not cover virtual-memory mappings. Run processes that share memory over "

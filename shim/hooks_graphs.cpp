@@ -10,7 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "device_pool.h"
+#include "context_pool.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
 #include "log.h"
@@ -96,20 +96,20 @@ class GraphMemory {
 
   // After a call that may have changed the reservation: the pool's charge follows the driver's
   // figure. One event when it changed.
-  void settle(ContextPool* cp, const char* api, Path path, int rc) {
+  void settle(ContextMemory* cp, const char* api, Path path, int rc) {
     if (cp == nullptr || cp->device < 0 || cp->device >= kMaxDevices) return;
     std::uint64_t reserved = 0;
     if (!read(cp->device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved)) return;
     std::lock_guard lock(mu_);
     Account& a = accounts_[cp->device];
     if (a.pool && a.pool != cp) {  // the charge follows the context that touched it last
-      process_memory().uncharge_outside(*a.pool, a.charged);
+      process_memory().unadmit_outside(*a.pool, a.charged);
       a.charged = 0;
     }
     a.pool = cp;
     if (reserved == a.charged) return;
     if (reserved > a.charged) process_memory().charge_outside(*cp, reserved - a.charged);
-    else process_memory().uncharge_outside(*cp, a.charged - reserved);
+    else process_memory().unadmit_outside(*cp, a.charged - reserved);
     a.charged = reserved;
     if (tracing()) {
       trace::Record r;
@@ -125,12 +125,12 @@ class GraphMemory {
     }
   }
 
-  void dropped(ContextPool& cp) {
+  void dropped(ContextMemory& cp) {
     if (cp.device < 0 || cp.device >= kMaxDevices) return;
     std::lock_guard lock(mu_);
     Account& a = accounts_[cp.device];
     if (a.pool != &cp) return;
-    process_memory().uncharge_outside(cp, a.charged);
+    process_memory().unadmit_outside(cp, a.charged);
     a = Account{};
   }
 
@@ -143,7 +143,7 @@ class GraphMemory {
     return true;
   }
   struct Account {
-    ContextPool* pool = nullptr;
+    ContextMemory* pool = nullptr;
     std::uint64_t charged = 0;
   };
   std::mutex mu_;
@@ -156,7 +156,7 @@ GraphMemory& graph_memory() {
   return *g;
 }
 
-ContextPool* this_context_pool() {
+ContextMemory* this_context_pool() {
   CUresult rc = CUDA_SUCCESS;
   return current_pool(&rc);
 }
@@ -169,7 +169,7 @@ CUresult with_graph_memory(Path path, const char* api, std::uint64_t bytes, Call
   HookScope scope;
   if (!scope.outermost()) return call();
   initialize();
-  ContextPool* cp = bytes ? this_context_pool() : nullptr;
+  ContextMemory* cp = bytes ? this_context_pool() : nullptr;
   std::uint64_t admitted = 0;
   if (cp) {
     admitted = GraphMemory::could_add(cp->device, bytes);
@@ -188,7 +188,7 @@ CUresult with_graph_memory(Path path, const char* api, std::uint64_t bytes, Call
 
 }  // namespace
 
-void drop_graph_memory(ContextPool& cp) { graph_memory().dropped(cp); }
+void drop_graph_memory(ContextMemory& cp) { graph_memory().dropped(cp); }
 
 namespace impl {
 
@@ -263,7 +263,7 @@ CUresult cuDeviceGraphMemTrim(Path path, CUdevice device) {
   const CUresult rc = real ? real(device) : CUDA_ERROR_NOT_INITIALIZED;
   if (scope.outermost()) {
     initialize();
-    ContextPool* cp = this_context_pool();
+    ContextMemory* cp = this_context_pool();
     if (cp && cp->device == device) graph_memory().settle(cp, "cuDeviceGraphMemTrim", path, rc);
   }
   return rc;

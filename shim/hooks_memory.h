@@ -61,7 +61,7 @@ struct HookEvent {
     r.stream = reinterpret_cast<std::uintptr_t>(s);
   }
   // The pool state, if the pool served the call, is already in r.pool (has_pool set).
-  void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextPool* cp) {
+  void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextMemory* cp) {
     if (!on) return;
     if (r.has_pool && r.pool.cache_delta != 0)  // the thread's cache served it: timed 1 in kCacheTimingSample
       r.timed_for = sampled() ? trace::kCacheTimingSample : 0;
@@ -94,11 +94,11 @@ inline bool pooled() { return memory().pooled(); }
 
 // The context the runtime would allocate in. Like the runtime's own cudaMalloc, the first call
 // on a thread with no context creates the device's primary context (cudaFree(NULL) does that).
-ContextPool* runtime_pool();
-ContextPool* driver_pool();
+ContextMemory* runtime_pool();
+ContextMemory* driver_pool();
 // The pool of `ctx`, which need not be current on this thread (made if need be); nullptr if the
 // driver does not know the context.
-ContextPool* pool_of_context(CUcontext ctx);
+ContextMemory* pool_of_context(CUcontext ctx);
 
 // A stream capture in progress forbids this thread "unsafe" calls (cudaMalloc, cudaFree and
 // their driver twins among them): the driver would refuse the program's own call and invalidate
@@ -111,7 +111,7 @@ void set_runtime_last_error_oom();
 
 // A pointer or handle cupool did not hand out and the driver has freed: uncharged if it was counted.
 // `device`: where it was charged (-1: not known, or not charged).
-inline void forget_external(std::uint64_t key, std::uint64_t* bytes, ContextPool** owner, int* device = nullptr) {
+inline void forget_outside(std::uint64_t key, std::uint64_t* bytes, ContextMemory** owner, int* device = nullptr) {
   memory().forget_outside(key, bytes, owner, device);
 }
 
@@ -121,10 +121,10 @@ inline void forget_external(std::uint64_t key, std::uint64_t* bytes, ContextPool
 // is known, else to the device's account alone (`device`). Neither: not charged (host memory, or
 // a call the driver will refuse).
 struct Placement {
-  ContextPool* cp = nullptr;
+  ContextMemory* cp = nullptr;
   int device = -1;
   Placement() = default;
-  Placement(ContextPool* c) : cp(c), device(c ? c->device : -1) {}  // NOLINT: a context names its device
+  Placement(ContextMemory* c) : cp(c), device(c ? c->device : -1) {}  // NOLINT: a context names its device
   static Placement on_device(int d) {
     Placement p;
     p.device = d;
@@ -147,7 +147,7 @@ struct RuntimeApi {
   static constexpr Code no_library = cudaErrorInitializationError;
   // cudaMalloc(&p, 0) succeeds with p = NULL (the driver's cuMemAlloc refuses size 0).
   static constexpr bool zero_size_gives_null = true;
-  static ContextPool* context(std::uint64_t) { return runtime_pool(); }
+  static ContextMemory* context(std::uint64_t) { return runtime_pool(); }
   static void refused_here() { set_runtime_last_error_oom(); }
 };
 struct DriverApi {
@@ -158,7 +158,7 @@ struct DriverApi {
   static constexpr Code no_library = CUDA_ERROR_NOT_INITIALIZED;
   static constexpr bool zero_size_gives_null = false;
   // No context for size 0: the driver refuses it itself (CUDA_ERROR_INVALID_VALUE).
-  static ContextPool* context(std::uint64_t bytes) { return bytes ? driver_pool() : nullptr; }
+  static ContextMemory* context(std::uint64_t bytes) { return bytes ? driver_pool() : nullptr; }
   static void refused_here() {}
 };
 
@@ -167,7 +167,7 @@ struct DriverApi {
 // the API's code and leaves the new pointer or handle in *key. A refusal of cupool's own (the cap, the shared budget) is the API's
 // out-of-memory, with what Api::refused_here leaves behind.
 template <typename Api, typename Call>
-typename Api::Code external_allocate(Placement where, std::uint64_t bytes, const char* api, std::uint64_t* key,
+typename Api::Code outside_allocate(Placement where, std::uint64_t bytes, const char* api, std::uint64_t* key,
                                      Call&& call) {
   typename Api::Code rc = Api::out_of_memory;
   auto made = [&](std::uint64_t* out) {

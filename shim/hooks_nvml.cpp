@@ -83,12 +83,12 @@ int cuda_device_of(nvmlDevice_t device, HookId via) {
 // The pool whose memory info answers for `device`: the calling thread's current context if it is
 // on that device (what cudaMemGetInfo on this thread would answer), else the device's primary
 // context (the runtime's), else any context on it. nullptr if the process has none there.
-ContextPool* pool_on_device(int device) {
+ContextMemory* pool_on_device(int device) {
   CUcontext ctx = nullptr;
   if (driver().ok && driver().ctx_get_current(&ctx) == CUDA_SUCCESS)
-    if (ContextPool* cp = existing_pool(ctx); cp && cp->device == device) return cp;
-  ContextPool* found = nullptr;
-  memory().for_each([&](ContextPool& cp) {
+    if (ContextMemory* cp = existing_pool(ctx); cp && cp->device == device) return cp;
+  ContextMemory* found = nullptr;
+  memory().for_each([&](ContextMemory& cp) {
     if (cp.device == device && (found == nullptr || (cp.ctx == cp.primary && found->ctx != found->primary)))
       found = &cp;
   });
@@ -107,7 +107,7 @@ nvmlReturn_t memory_info_hook(Path path, const char* api, HookId id, nvmlDevice_
   if (!scope.outermost() || !reached_cuda()) return real(device, out);
   HookEvent ev(EventKind::mem_info, api, path);
   const nvmlReturn_t rc = real(device, out);
-  ContextPool* cp = nullptr;
+  ContextMemory* cp = nullptr;
   int cuda_device = -1;
   if (rc == NVML_SUCCESS) {
     const int d = cuda_device = cuda_device_of(device, id);

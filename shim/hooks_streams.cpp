@@ -70,7 +70,7 @@ void stream_created(trace::Path path, const char* api, bool outermost, CUstream 
 // so its pool keeps fencing it until that work is done. A capture on the stream ends with it.
 void stream_destroying(trace::Path path, const char* api, bool outermost, CUstream stream) {
   if (CUcontext ctx = streams().destroyed(stream))
-    if (ContextPool* cp = existing_pool(ctx)) driver_upstream(*cp).stream_destroying(stream);
+    if (ContextMemory* cp = existing_pool(ctx)) driver_upstream(*cp).stream_destroying(stream);
   captures().ended(stream);
   if (outermost && tracing()) emit_stream_event(trace::EventKind::stream_destroy, path, api, stream, 0, nullptr);
 }
@@ -95,7 +95,7 @@ void capture_beginning(CUstream stream) {
   if (streams().non_blocking(stream)) return;
   const CUcontext ctx = stream_context(stream);
   if (captures().blocking_capture(ctx)) return;  // marked when the first one began
-  if (ContextPool* cp = existing_pool(ctx)) driver_upstream(*cp).before_blocking_capture();
+  if (ContextMemory* cp = existing_pool(ctx)) driver_upstream(*cp).before_blocking_capture();
 }
 
 // Begins a capture through `call` (any of the begin entry points), registering it if it began.

@@ -60,7 +60,7 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
   // memory (a host location) is recorded and charged nowhere.
   const bool on_device = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
   const Placement where = on_device ? placed_on_device(prop->location.id) : Placement{};
-  ContextPool* cp = where.cp;
+  ContextMemory* cp = where.cp;
   VmmCache* cache = vmm_cache();
   // Recycled only on the device of the context, whose fences cover the work that used it.
   const bool cacheable = cache && cp && flags == 0;
@@ -75,7 +75,7 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
     }
   }
   std::uint64_t key_handle = 0;
-  CUresult rc = external_allocate<DriverApi>(where, size, "cuMemCreate", &key_handle, [&] {
+  CUresult rc = outside_allocate<DriverApi>(where, size, "cuMemCreate", &key_handle, [&] {
     CUresult r = real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
     key_handle = *handle;
     return r;
@@ -102,9 +102,9 @@ CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
   }
   CUresult rc = real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
   std::uint64_t bytes = 0;
-  ContextPool* owner = nullptr;
+  ContextMemory* owner = nullptr;
   int device = -1;
-  if (rc == CUDA_SUCCESS) forget_external(handle, &bytes, &owner, &device);
+  if (rc == CUDA_SUCCESS) forget_outside(handle, &bytes, &owner, &device);
   ev.r.device = static_cast<std::int16_t>(device);
   ev.done(rc, bytes, handle, owner);
   return rc;

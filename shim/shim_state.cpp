@@ -61,7 +61,7 @@ std::uint64_t key_of(CUcontext ctx) { return reinterpret_cast<std::uintptr_t>(ct
 void at_exit() {
   g_exiting.store(true, std::memory_order_release);
   // Chunks are not given back: the driver may already be shutting down, and exit frees them.
-  if (g_memory) g_memory->for_each([](ContextPool& cp) { driver_upstream(cp).detach(); });
+  if (g_memory) g_memory->for_each([](ContextMemory& cp) { driver_upstream(cp).detach(); });
   if (TraceWriter* w = g_writer.exchange(nullptr)) {  // footer; the object stays
     std::optional<TraceWriter::ShareWaits> waits;
     if (SharedBudget* share = g_memory ? g_memory->share() : nullptr) waits = {share->waits(), share->waited_ns()};
@@ -90,7 +90,7 @@ void fork_child() {
   streams().child_after_fork();
   // CUDA contexts do not survive fork: the child starts with no pools and no driver memory, and
   // is a member of the shared budget of its own.
-  g_memory->child_after_fork([](ContextPool& cp) { driver_upstream(cp).detach(); });
+  g_memory->child_after_fork([](ContextMemory& cp) { driver_upstream(cp).detach(); });
   if (SharedBudget* share = g_memory->share()) share->after_fork_in_child();
 }
 
@@ -218,7 +218,7 @@ std::vector<CUdevice> peers_of(CUcontext ctx) {
 
 // Describes a new context's memory: its device, primary context and driver upstream. Called once
 // per context, under the contexts' lock.
-bool describe_context(CUcontext ctx, ContextPool& cp, CUresult* rc) {
+bool describe_context(CUcontext ctx, ContextMemory& cp, CUresult* rc) {
   const DriverCalls& d = driver();
   CUdevice device = 0;
   if (CUresult r = d.ctx_get_device(&device); r != CUDA_SUCCESS) {
@@ -243,9 +243,9 @@ bool describe_context(CUcontext ctx, ContextPool& cp, CUresult* rc) {
 
 }  // namespace
 
-ContextPool* existing_pool(CUcontext ctx) { return ctx ? g_memory->find(key_of(ctx)) : nullptr; }
+ContextMemory* existing_pool(CUcontext ctx) { return ctx ? g_memory->find(key_of(ctx)) : nullptr; }
 
-ContextPool* current_pool(CUresult* rc) {
+ContextMemory* current_pool(CUresult* rc) {
   const DriverCalls& d = driver();
   if (!d.ok) {
     *rc = CUDA_ERROR_NOT_INITIALIZED;
@@ -256,9 +256,9 @@ ContextPool* current_pool(CUresult* rc) {
     *rc = r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_CONTEXT;
     return nullptr;
   }
-  if (ContextPool* cp = g_memory->find(key_of(ctx))) return cp;
+  if (ContextMemory* cp = g_memory->find(key_of(ctx))) return cp;
   *rc = CUDA_ERROR_OUT_OF_MEMORY;  // unless describe_context says otherwise
-  ContextPool* cp = g_memory->find_or_add(key_of(ctx), [&](ContextPool& fresh) { return describe_context(ctx, fresh, rc); });
+  ContextMemory* cp = g_memory->find_or_add(key_of(ctx), [&](ContextMemory& fresh) { return describe_context(ctx, fresh, rc); });
   if (cp) {
     *rc = CUDA_SUCCESS;
     // Peers granted before the pool existed, or while it was being published (such a grant found
@@ -269,16 +269,16 @@ ContextPool* current_pool(CUresult* rc) {
 }
 
 void synchronize_all_pools() {
-  g_memory->for_each([](ContextPool& cp) { driver_upstream(cp).synchronize(); });
+  g_memory->for_each([](ContextMemory& cp) { driver_upstream(cp).synchronize(); });
 }
 
-ContextPool* pool_owning(std::uint64_t ptr) { return g_memory->owning(ptr); }
+ContextMemory* pool_owning(std::uint64_t ptr) { return g_memory->owning(ptr); }
 
 namespace {
 // Before a context's memory is forgotten: its upstream makes no more driver calls, and the trace
 // says so.
-std::function<void(ContextPool&)> dropping(const char* api) {
-  return [api](ContextPool& cp) {
+std::function<void(ContextMemory&)> dropping(const char* api) {
+  return [api](ContextMemory& cp) {
     // cuMemCreate memory outlives its context: what cupool holds of it goes back first (the VMM
     // cache's kept mappings, the vmm policy's granules), or the device loses it for good.
     g_memory->vmm_evict(&cp);
@@ -312,11 +312,11 @@ void peer_access_enabled(CUcontext owner, CUdevice accessor) {
     std::vector<CUdevice>& peers = (*g_peers)[key_of(owner)];
     if (std::find(peers.begin(), peers.end(), accessor) == peers.end()) peers.push_back(accessor);
   }
-  if (ContextPool* cp = g_memory->find(key_of(owner))) driver_upstream(*cp).grant_peer(accessor);
+  if (ContextMemory* cp = g_memory->find(key_of(owner))) driver_upstream(*cp).grant_peer(accessor);
 }
 
 void drop_primary_context(int device, const char* api) {
-  g_memory->drop_if([device](const ContextPool& cp) { return cp.device == device && cp.primary == cp.ctx; },
+  g_memory->drop_if([device](const ContextMemory& cp) { return cp.device == device && cp.primary == cp.ctx; },
                     dropping(api));
 }
 

@@ -47,18 +47,17 @@ std::uint32_t stack_sampling();
 std::uint32_t record_stack();
 
 // The memory of one context (policy/process_memory.h). Its upstream is the shim's DriverUpstream.
-using ContextPool = ContextMemory;
-inline DriverUpstream& driver_upstream(const ContextPool& cp) { return *static_cast<DriverUpstream*>(cp.upstream); }
+inline DriverUpstream& driver_upstream(const ContextMemory& cp) { return *static_cast<DriverUpstream*>(cp.upstream); }
 
 // The process's memory: every pool, the memory outside them, the cap, the VMM cache.
 ProcessMemory& process_memory();
 
 // The pool of the context current on this thread; nullptr with *rc set when there is none.
-ContextPool* current_pool(CUresult* rc);
+ContextMemory* current_pool(CUresult* rc);
 // The pool of `ctx` if one exists (none is made).
-ContextPool* existing_pool(CUcontext ctx);
+ContextMemory* existing_pool(CUcontext ctx);
 // The pool that handed out `ptr`, searching every live context.
-ContextPool* pool_owning(std::uint64_t ptr);
+ContextMemory* pool_owning(std::uint64_t ptr);
 // A context went away: its pool forgets its memory without touching the driver.
 void drop_context(CUcontext ctx, const char* api);
 // A context of device `accessor` may now reach `owner`'s memory (cuCtxEnablePeerAccess): owner's
@@ -69,6 +68,6 @@ void synchronize_all_pools();
 void drop_primary_context(int device, const char* api);
 // The context's graph memory went with it: its charge against the cap and the shared budget
 // goes too (shim/hooks_graphs.cpp).
-void drop_graph_memory(ContextPool& cp);
+void drop_graph_memory(ContextMemory& cp);
 
 }  // namespace cupool::shim

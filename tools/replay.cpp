@@ -220,7 +220,7 @@ struct Replayer::Run : public PoolObserver {
 
   // The class of a refusal on `device` by process `source`'s memory. The cap is the device's
   // size when no limit is set: then a refusal at the cap is of class device, as the pool's own
-  // growth rule says (policy/device_pool.cpp, grow()). The pool's last resort (a preallocation
+  // growth rule says (policy/context_pool.cpp, grow()). The pool's last resort (a preallocation
   // that may not grow, used up) names limit whatever the configuration: not repeated here.
   OomClass refusal_class(OomClass c, std::size_t of, int device) const {
     auto p = procs.find(of);

@@ -21,7 +21,7 @@ Scenarios:
                given back, allocations outside the pool (managed memory), virtual-memory
                mappings, an out-of-memory; some blocks live and one waiting for its fence at the
                end (for the exports that rebuild the pool's chunks: export --memory-viz)
-The pool model here only has to be self-consistent; the real pool is policy/device_pool.cpp.
+The pool model here only has to be self-consistent; the real pool is policy/context_pool.cpp.
 """
 import argparse
 import json

@@ -8,7 +8,7 @@
 #include <set>
 #include <sstream>
 
-#include "device_pool.h"
+#include "context_pool.h"
 #include "log.h"
 #include "options.h"
 
@@ -196,7 +196,7 @@ TEST_CASE("CUPOOL_PREALLOCATE and CUPOOL_PREALLOCATE_GROW", "[options]") {
   CHECK(error({{"CUPOOL_PREALLOCATE", "2047KiB"}}).find("chunk granularity (2MiB)") != std::string::npos);
   CHECK(ok({{"CUPOOL_PREALLOCATE", "2MiB"}}).preallocate.bytes == 2u << 20);
   CHECK(ok({{"CUPOOL_PREALLOCATE", "0.5%"}}).preallocate.percent == 0.5);
-  STATIC_REQUIRE(kMinPreallocateBytes == DevicePool::kChunkGranularity);
+  STATIC_REQUIRE(kMinPreallocateBytes == ContextPool::kChunkGranularity);
 
   CHECK(ok({{"CUPOOL_PREALLOCATE_GROW", "true"}}).preallocate_grow);
   CHECK(ok({{"CUPOOL_PREALLOCATE_GROW", "1"}}).preallocate_grow);

@@ -10,7 +10,7 @@
 #include <thread>
 #include <vector>
 
-#include "device_pool.h"
+#include "context_pool.h"
 #include "sim_upstream.h"
 
 using namespace cupool;
@@ -45,7 +45,7 @@ struct StressResult {
   std::uint64_t overlaps = 0, bad_frees = 0, bad_sizes = 0, allocations = 0, ooms = 0;
 };
 
-StressResult run_stress(DevicePool& pool, SimUpstream& up, int threads, int ops, bool toggle_fences) {
+StressResult run_stress(ContextPool& pool, SimUpstream& up, int threads, int ops, bool toggle_fences) {
   LiveSet live;
   std::atomic<std::uint64_t> overlaps{0}, bad_frees{0}, bad_sizes{0}, allocations{0}, ooms{0};
   std::atomic<bool> stop{false};
@@ -85,7 +85,7 @@ StressResult run_stress(DevicePool& pool, SimUpstream& up, int threads, int ops,
           (void)pool.state();
         }
         if (t == 2 && i % 1500 == 0) {
-          if (pool.try_charge_external(64 * MiB)) pool.uncharge_external(64 * MiB);
+          if (pool.try_charge_outside(64 * MiB)) pool.uncharge_outside(64 * MiB);
         }
       }
       for (auto [p, size] : mine) {
@@ -120,7 +120,7 @@ TEST_CASE("pool stress: 8 threads, growth, sync free", "[pool][stress]") {
   cfg.growth_chunk = 8 * MiB;
   cfg.growth_chunk_max = 64 * MiB;
   cfg.release_idle_ns = 200'000;  // real clock: some chunks go back while others are taken
-  DevicePool pool(cfg, 0, up, nullptr);
+  ContextPool pool(cfg, 0, up, nullptr);
   StressResult r = run_stress(pool, up, 8, 20000, false);
   CHECK(r.overlaps == 0);
   CHECK(r.bad_frees == 0);
@@ -141,7 +141,7 @@ TEST_CASE("pool stress: 8 threads, deferred free with fences, under a tight cap"
   cfg.growth_chunk_max = 32 * MiB;
   cfg.limit.all = SizeSpec{96 * MiB, 0};
   up.set_pending_work(true);
-  DevicePool pool(cfg, 0, up, nullptr);
+  ContextPool pool(cfg, 0, up, nullptr);
   StressResult r = run_stress(pool, up, 8, 20000, true);
   CHECK(r.overlaps == 0);
   CHECK(r.bad_frees == 0);
@@ -167,7 +167,7 @@ TEST_CASE("pool stress: 8 threads race the first use of a preallocating pool", "
   cfg.preallocate = SizeSpec{256 * MiB, 0};
   cfg.preallocate_grow = true;
   cfg.growth_chunk = 16 * MiB;
-  DevicePool pool(cfg, 0, up, nullptr);
+  ContextPool pool(cfg, 0, up, nullptr);
   StressResult r = run_stress(pool, up, 8, 5000, false);
   CHECK(r.overlaps == 0);
   CHECK(r.bad_frees == 0);

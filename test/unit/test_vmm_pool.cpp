@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "device_pool.h"
+#include "context_pool.h"
 #include "granules.h"
 #include "sim_upstream.h"
 #include "trace_schema.h"
@@ -151,7 +151,7 @@ TEST_CASE("granules: the place inside a free block with the most memory mapped",
 TEST_CASE("vmm policy: granules mapped on demand, adjacent ones in one call", "[vmm-policy]") {
   SimUpstream up(4 * GiB);
   Events ev;
-  DevicePool pool(vmm_config(), 0, up, &ev);
+  ContextPool pool(vmm_config(), 0, up, &ev);
   CHECK(pool.virtual_memory());
   AllocResult a = pool.allocate(1 * MiB);
   REQUIRE(a.ptr != 0);
@@ -198,7 +198,7 @@ TEST_CASE("vmm policy: wholly free granules are unmapped only after their fence"
     up.set_needs_fences(true);
     up.set_pending_work(true);
     Events ev;
-    DevicePool pool(vmm_config(FreeMode::deferred), 0, up, &ev);
+    ContextPool pool(vmm_config(FreeMode::deferred), 0, up, &ev);
     AllocResult a = pool.allocate(64 * MiB);
     AllocResult b = pool.allocate(1 * MiB);  // shares no granule with a
     REQUIRE(pool.deallocate(a.ptr) == FreeResult::freed);
@@ -223,7 +223,7 @@ TEST_CASE("vmm policy: wholly free granules are unmapped only after their fence"
     SimUpstream up(4 * GiB);
     up.set_needs_fences(false);  // the block is free at once, for blocks in stream order...
     up.set_pending_work(true);
-    DevicePool pool(vmm_config(FreeMode::deferred), 0, up, nullptr);
+    ContextPool pool(vmm_config(FreeMode::deferred), 0, up, nullptr);
     AllocResult a = pool.allocate(64 * MiB);
     pool.allocate(1 * MiB);
     REQUIRE(pool.deallocate(a.ptr) == FreeResult::freed);
@@ -237,7 +237,7 @@ TEST_CASE("vmm policy: wholly free granules are unmapped only after their fence"
   }
   SECTION("sync frees waited at the free: no fence") {
     SimUpstream up(4 * GiB);
-    DevicePool pool(vmm_config(FreeMode::sync), 0, up, nullptr);
+    ContextPool pool(vmm_config(FreeMode::sync), 0, up, nullptr);
     AllocResult a = pool.allocate(64 * MiB);
     REQUIRE(pool.deallocate(a.ptr) == FreeResult::freed);
     pool.trim();
@@ -250,7 +250,7 @@ TEST_CASE("vmm policy: wholly free granules are unmapped only after their fence"
 TEST_CASE("vmm policy: the cap counts mapped bytes; idle granules go back before a refusal", "[vmm-policy]") {
   SimUpstream up(4 * GiB);
   Events ev;
-  DevicePool pool(with_limit(vmm_config(), 64 * MiB), 0, up, &ev);
+  ContextPool pool(with_limit(vmm_config(), 64 * MiB), 0, up, &ev);
   std::vector<std::uint64_t> blocks;
   for (int i = 0; i < 16; ++i) {
     AllocResult r = pool.allocate(4 * MiB);
@@ -280,7 +280,7 @@ TEST_CASE("vmm policy: the cap counts mapped bytes; idle granules go back before
 
 TEST_CASE("vmm policy: a refused map is an out-of-memory of class device", "[vmm-policy]") {
   SimUpstream up(64 * MiB);
-  DevicePool pool(vmm_config(), 0, up, nullptr);
+  ContextPool pool(vmm_config(), 0, up, nullptr);
   up.set_foreign_bytes(60 * MiB);
   AllocResult r = pool.allocate(8 * MiB);
   CHECK(r.ptr == 0);
@@ -294,7 +294,7 @@ TEST_CASE("vmm policy: a refused map is an out-of-memory of class device", "[vmm
 TEST_CASE("vmm policy: an upstream without virtual memory grows in chunks", "[vmm-policy]") {
   SimUpstream sim(4 * GiB);
   ChunksOnly up(sim);
-  DevicePool pool(vmm_config(), 0, up, nullptr);
+  ContextPool pool(vmm_config(), 0, up, nullptr);
   CHECK_FALSE(pool.virtual_memory());
   CHECK(pool.allocate(1 * MiB).ptr != 0);
   CHECK(pool.state().reserved == 32 * MiB);
@@ -314,7 +314,7 @@ TEST_CASE("vmm policy: a range the driver will not reserve: the pool grows in ch
   };
   SimUpstream sim(4 * GiB);
   NoAddresses up(sim);
-  DevicePool pool(vmm_config(), 0, up, nullptr);
+  ContextPool pool(vmm_config(), 0, up, nullptr);
   CHECK(pool.virtual_memory());
   const AllocResult a = pool.allocate(1 * MiB);
   CHECK(a.ptr != 0);  // served from a chunk, not refused
@@ -326,9 +326,9 @@ TEST_CASE("vmm policy: a range the driver will not reserve: the pool grows in ch
 
 TEST_CASE("vmm policy: a request larger than the cap is refused by the cap, not for fragmentation", "[vmm-policy]") {
   SimUpstream up(4 * GiB);
-  DevicePool capped(with_limit(vmm_config(), 64 * MiB), 0, up, nullptr);
+  ContextPool capped(with_limit(vmm_config(), 64 * MiB), 0, up, nullptr);
   CHECK(capped.allocate(200 * MiB).oom == OomClass::limit);
-  DevicePool whole(vmm_config(), 0, up, nullptr);
+  ContextPool whole(vmm_config(), 0, up, nullptr);
   CHECK(whole.allocate(5 * GiB).oom == OomClass::device);
 }
 
@@ -352,7 +352,7 @@ VarlenRun run_varlen(const Config& cfg, int steps, bool fences = false, bool dev
   SimUpstream up(80 * GiB);
   up.set_needs_fences(fences);
   up.set_pending_work(device_behind);
-  DevicePool pool(cfg, 0, up, nullptr);
+  ContextPool pool(cfg, 0, up, nullptr);
   // Time passes as on the device: about 100 us a call (a 65 ms step makes some hundreds).
   std::uint64_t clock = 1'000'000;
   pool.set_clock([](void* c) { return *static_cast<std::uint64_t*>(c) += 100'000; }, &clock);
@@ -431,7 +431,7 @@ TEST_CASE("vmm policy: reserved follows in use where chunked growth fragments", 
   }
   // Chunked growth: 3552 MiB reserved at the peak, 1.096 times the peak in use.
   CHECK(g.peak_reserved == 3552 * MiB);
-  // vmm: idle granules stay mapped up to 1/40 over the most ever in blocks (DevicePool::kMapSlack),
+  // vmm: idle granules stay mapped up to 1/40 over the most ever in blocks (ContextPool::kMapSlack),
   // so reserved stays within that of the peak in use, whatever the frees and the device do.
   for (const VarlenRun* r : {&v, &d, &f, &b}) CHECK(r->peak_reserved <= v.peak_in_use + v.peak_in_use / 40 + 2 * MiB);
   CHECK(v.peak_reserved == 3264 * MiB);  // 1.007 times

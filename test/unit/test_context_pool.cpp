@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "device_pool.h"
+#include "context_pool.h"
 #include "trace_schema.h"
 #include "sim_upstream.h"
 
@@ -63,7 +63,7 @@ Config with_limit(Config c, std::uint64_t bytes) {
 TEST_CASE("pool: growth takes doubling chunks, large requests get their own size", "[pool]") {
   SimUpstream up(4 * GiB);
   RecordingSink sink;
-  DevicePool pool(growth_config(32 * MiB, 128 * MiB), 3, up, &sink);
+  ContextPool pool(growth_config(32 * MiB, 128 * MiB), 3, up, &sink);
   CHECK(pool.state().reserved == 0);
 
   AllocResult a = pool.allocate(1 * MiB);
@@ -100,7 +100,7 @@ TEST_CASE("pool: growth takes doubling chunks, large requests get their own size
 TEST_CASE("pool: the cap bounds growth; a short chunk is taken when the step does not fit", "[pool]") {
   SimUpstream up(4 * GiB);
   RecordingSink sink;
-  DevicePool pool(with_limit(growth_config(64 * MiB, 512 * MiB), 100 * MiB), 0, up, &sink);
+  ContextPool pool(with_limit(growth_config(64 * MiB, 512 * MiB), 100 * MiB), 0, up, &sink);
   CHECK(pool.cap() == 100 * MiB);
   REQUIRE(pool.allocate(64 * MiB).ptr != 0);  // chunk 1: 64 MiB; step is now 128 MiB
   AllocResult b = pool.allocate(10 * MiB);    // only 36 MiB left under the cap: take that
@@ -122,7 +122,7 @@ TEST_CASE("pool: wholly free chunks are given back before reporting out of memor
   SECTION("the driver is full") {
     SimUpstream up(256 * MiB);
     RecordingSink sink;
-    DevicePool pool(growth_config(64 * MiB, 64 * MiB), 0, up, &sink);
+    ContextPool pool(growth_config(64 * MiB, 64 * MiB), 0, up, &sink);
     std::vector<std::uint64_t> p;
     for (int i = 0; i < 4; ++i) p.push_back(pool.allocate(64 * MiB).ptr);
     for (auto x : p) REQUIRE(x != 0);
@@ -137,7 +137,7 @@ TEST_CASE("pool: wholly free chunks are given back before reporting out of memor
   }
   SECTION("the cap is reached") {
     SimUpstream up(4 * GiB);
-    DevicePool pool(with_limit(growth_config(64 * MiB, 64 * MiB), 128 * MiB), 0, up, nullptr);
+    ContextPool pool(with_limit(growth_config(64 * MiB, 64 * MiB), 128 * MiB), 0, up, nullptr);
     std::uint64_t a = pool.allocate(64 * MiB).ptr;
     std::uint64_t b = pool.allocate(64 * MiB).ptr;
     REQUIRE(a != 0);
@@ -156,7 +156,7 @@ TEST_CASE("pool: a chunk wholly free for release_idle_ns is given back", "[pool]
   Config cfg = growth_config(64 * MiB, 64 * MiB);
   cfg.release_idle_ns = 1000;
   FakeClock clock;
-  DevicePool pool(cfg, 0, up, &sink);
+  ContextPool pool(cfg, 0, up, &sink);
   pool.set_clock(&FakeClock::read, &clock);
 
   std::uint64_t x = pool.allocate(64 * MiB).ptr;  // chunk 1
@@ -190,7 +190,7 @@ TEST_CASE("pool: a chunk wholly free for release_idle_ns is given back", "[pool]
 TEST_CASE("pool: no idle release unless configured", "[pool]") {
   SimUpstream up(4 * GiB);
   FakeClock clock;
-  DevicePool pool(growth_config(), 0, up, nullptr);
+  ContextPool pool(growth_config(), 0, up, nullptr);
   pool.set_clock(&FakeClock::read, &clock);
   pool.deallocate(pool.allocate(MiB).ptr);
   clock.t += 1'000'000'000'000ull;
@@ -205,7 +205,7 @@ TEST_CASE("pool: preallocate reserves once and never grows past it", "[pool]") {
   Config cfg;
   cfg.policy = PolicyKind::preallocate;
   cfg.preallocate = SizeSpec{256 * MiB, 0};
-  DevicePool pool(cfg, 0, up, &sink);
+  ContextPool pool(cfg, 0, up, &sink);
   CHECK(pool.state().reserved == 0);  // nothing until first use
   std::vector<std::uint64_t> p;
   for (int i = 0; i < 4; ++i) p.push_back(pool.allocate(64 * MiB).ptr);
@@ -239,12 +239,12 @@ TEST_CASE("pool: preallocate a share of the device, clamped to the cap, optional
   cfg.policy = PolicyKind::preallocate;
   cfg.preallocate = SizeSpec{0, 75.0};
   SECTION("percent of the device") {
-    DevicePool pool(cfg, 0, up, nullptr);
+    ContextPool pool(cfg, 0, up, nullptr);
     REQUIRE(pool.allocate(1).ptr != 0);
     CHECK(pool.state().reserved == 768 * MiB);
   }
   SECTION("clamped to the cap") {
-    DevicePool pool(with_limit(cfg, 512 * MiB), 0, up, nullptr);
+    ContextPool pool(with_limit(cfg, 512 * MiB), 0, up, nullptr);
     REQUIRE(pool.allocate(1).ptr != 0);
     CHECK(pool.state().reserved == 512 * MiB);
   }
@@ -252,7 +252,7 @@ TEST_CASE("pool: preallocate a share of the device, clamped to the cap, optional
     cfg.preallocate = SizeSpec{64 * MiB, 0};
     cfg.preallocate_grow = true;
     cfg.growth_chunk = 32 * MiB;
-    DevicePool pool(cfg, 0, up, nullptr);
+    ContextPool pool(cfg, 0, up, nullptr);
     REQUIRE(pool.allocate(64 * MiB).ptr != 0);
     CHECK(pool.state().reserved == 64 * MiB);
     REQUIRE(pool.allocate(1 * MiB).ptr != 0);
@@ -260,13 +260,13 @@ TEST_CASE("pool: preallocate a share of the device, clamped to the cap, optional
   }
   SECTION("the driver refuses the preallocation: retry with what it has free") {
     up.set_foreign_bytes(512 * MiB);
-    DevicePool pool(cfg, 0, up, nullptr);
+    ContextPool pool(cfg, 0, up, nullptr);
     REQUIRE(pool.allocate(1).ptr != 0);
     CHECK(pool.state().reserved == 512 * MiB);
   }
   SECTION("explicit trim gives the preallocation back; the next use takes it again") {
     cfg.preallocate = SizeSpec{64 * MiB, 0};
-    DevicePool pool(cfg, 0, up, nullptr);
+    ContextPool pool(cfg, 0, up, nullptr);
     pool.deallocate(pool.allocate(1).ptr);
     pool.trim();
     CHECK(pool.state().reserved == 0);
@@ -276,27 +276,27 @@ TEST_CASE("pool: preallocate a share of the device, clamped to the cap, optional
   }
 }
 
-TEST_CASE("pool: external charges count against the cap", "[pool]") {
+TEST_CASE("pool: outside charges count against the cap", "[pool]") {
   SimUpstream up(4 * GiB);
   RecordingSink sink;
-  DevicePool pool(with_limit(growth_config(32 * MiB, 32 * MiB), 256 * MiB), 0, up, &sink);
-  CHECK(pool.try_charge_external(200 * MiB));
-  CHECK(pool.external() == 200 * MiB);
+  ContextPool pool(with_limit(growth_config(32 * MiB, 32 * MiB), 256 * MiB), 0, up, &sink);
+  CHECK(pool.try_charge_outside(200 * MiB));
+  CHECK(pool.outside() == 200 * MiB);
   AllocResult a = pool.allocate(60 * MiB);
   CHECK(a.ptr == 0);
   CHECK(a.oom == OomClass::limit);
   REQUIRE(pool.allocate(50 * MiB).ptr != 0);  // 56 MiB left: a 50 MiB chunk
-  CHECK_FALSE(pool.try_charge_external(10 * MiB));
+  CHECK_FALSE(pool.try_charge_outside(10 * MiB));
   CHECK(sink.of(EventKind::oom).back().oom_class == OomClass::limit);
-  pool.uncharge_external(200 * MiB);
-  CHECK(pool.try_charge_external(150 * MiB));
-  pool.uncharge_external(150 * MiB);
+  pool.uncharge_outside(200 * MiB);
+  CHECK(pool.try_charge_outside(150 * MiB));
+  pool.uncharge_outside(150 * MiB);
 
-  // A wholly free chunk is given back rather than refusing an external allocation.
-  DevicePool pool2(with_limit(growth_config(128 * MiB, 128 * MiB), 256 * MiB), 0, up, nullptr);
+  // A wholly free chunk is given back rather than refusing an outside allocation.
+  ContextPool pool2(with_limit(growth_config(128 * MiB, 128 * MiB), 256 * MiB), 0, up, nullptr);
   pool2.deallocate(pool2.allocate(MiB).ptr);
   CHECK(pool2.state().reserved == 128 * MiB);
-  CHECK(pool2.try_charge_external(200 * MiB));
+  CHECK(pool2.try_charge_outside(200 * MiB));
   CHECK(pool2.state().reserved == 0);
 }
 
@@ -304,14 +304,14 @@ TEST_CASE("pool: mem_info reports the cap and what the process could still get",
   SimUpstream up(1 * GiB);
   std::size_t free = 0, total = 0;
   SECTION("with a cap") {
-    DevicePool pool(with_limit(growth_config(32 * MiB), 512 * MiB), 0, up, nullptr);
+    ContextPool pool(with_limit(growth_config(32 * MiB), 512 * MiB), 0, up, nullptr);
     pool.mem_info(&free, &total);
     CHECK(total == 512 * MiB);
     CHECK(free == 512 * MiB);
     REQUIRE(pool.allocate(1 * MiB).ptr != 0);
     pool.mem_info(&free, &total);
     CHECK(free == 511 * MiB);  // (512 - 32) under the cap + 31 free in the pool
-    CHECK(pool.try_charge_external(100 * MiB));
+    CHECK(pool.try_charge_outside(100 * MiB));
     pool.mem_info(&free, &total);
     CHECK(free == 411 * MiB);
     up.set_foreign_bytes(800 * MiB);  // the driver has only 1024 - 32 - 800 = 192 MiB
@@ -319,7 +319,7 @@ TEST_CASE("pool: mem_info reports the cap and what the process could still get",
     CHECK(free == (192 + 31) * MiB);
   }
   SECTION("without a cap") {
-    DevicePool pool(growth_config(32 * MiB), 0, up, nullptr);
+    ContextPool pool(growth_config(32 * MiB), 0, up, nullptr);
     CHECK(pool.cap() == 1 * GiB);
     REQUIRE(pool.allocate(1 * MiB).ptr != 0);
     pool.mem_info(&free, &total);
@@ -330,8 +330,8 @@ TEST_CASE("pool: mem_info reports the cap and what the process could still get",
     Config cfg = growth_config();
     cfg.limit.all = SizeSpec{0, 50.0};
     cfg.limit.per_device = {{1, SizeSpec{0, 25.0}}};
-    DevicePool p0(cfg, 0, up, nullptr);
-    DevicePool p1(cfg, 1, up, nullptr);
+    ContextPool p0(cfg, 0, up, nullptr);
+    ContextPool p1(cfg, 1, up, nullptr);
     CHECK(p0.cap() == 512 * MiB);
     CHECK(p1.cap() == 256 * MiB);
   }
@@ -340,7 +340,7 @@ TEST_CASE("pool: mem_info reports the cap and what the process could still get",
 TEST_CASE("pool: driver out of memory is class device with the driver's code", "[pool]") {
   SimUpstream up(1 * GiB);
   RecordingSink sink;
-  DevicePool pool(growth_config(), 0, up, &sink);
+  ContextPool pool(growth_config(), 0, up, &sink);
   up.fail_next_reserves(4);
   AllocResult a = pool.allocate(1 * MiB);
   CHECK(a.ptr == 0);
@@ -357,7 +357,7 @@ TEST_CASE("pool: driver out of memory is class device with the driver's code", "
   SECTION("a step larger than the driver can give falls back to what is needed") {
     SimUpstream dev(1 * GiB);
     dev.fail_reserves_above(16 * MiB);
-    DevicePool p(growth_config(64 * MiB), 0, dev, nullptr);
+    ContextPool p(growth_config(64 * MiB), 0, dev, nullptr);
     AllocResult r = p.allocate(10 * MiB);
     REQUIRE(r.ptr != 0);
     CHECK(p.state().reserved == 10 * MiB);
@@ -366,7 +366,7 @@ TEST_CASE("pool: driver out of memory is class device with the driver's code", "
   }
   SECTION("without a configured limit, the device total is the bound, and running past it is class device") {
     SimUpstream small(40 * MiB);
-    DevicePool p(growth_config(64 * MiB), 0, small, nullptr);
+    ContextPool p(growth_config(64 * MiB), 0, small, nullptr);
     REQUIRE(p.allocate(10 * MiB).ptr != 0);
     CHECK(p.state().reserved == 40 * MiB);  // the step is cut to what the device has
     AllocResult big = p.allocate(40 * MiB);
@@ -374,7 +374,7 @@ TEST_CASE("pool: driver out of memory is class device with the driver's code", "
   }
   SECTION("fragmentation takes precedence when the pool holds enough free bytes") {
     SimUpstream dev(128 * MiB);
-    DevicePool p(growth_config(64 * MiB, 64 * MiB), 0, dev, nullptr);
+    ContextPool p(growth_config(64 * MiB, 64 * MiB), 0, dev, nullptr);
     std::uint64_t a1 = p.allocate(32 * MiB).ptr;
     std::uint64_t a2 = p.allocate(32 * MiB).ptr;
     std::uint64_t b1 = p.allocate(32 * MiB).ptr;
@@ -390,7 +390,7 @@ TEST_CASE("pool: driver out of memory is class device with the driver's code", "
 
 TEST_CASE("pool: double free and foreign pointers leave the pool intact", "[pool]") {
   SimUpstream up(1 * GiB);
-  DevicePool pool(growth_config(), 0, up, nullptr);
+  ContextPool pool(growth_config(), 0, up, nullptr);
   std::uint64_t a = pool.allocate(4096).ptr;
   std::uint64_t b = pool.allocate(8192).ptr;
   REQUIRE(a != 0);
@@ -425,7 +425,7 @@ TEST_CASE("pool: double free and foreign pointers leave the pool intact", "[pool
 TEST_CASE("pool: the destructor releases chunks; abandon forgets them", "[pool]") {
   SimUpstream up(1 * GiB);
   {
-    DevicePool pool(growth_config(32 * MiB, 32 * MiB), 0, up, nullptr);
+    ContextPool pool(growth_config(32 * MiB, 32 * MiB), 0, up, nullptr);
     pool.allocate(32 * MiB);
     pool.allocate(32 * MiB);
   }
@@ -433,7 +433,7 @@ TEST_CASE("pool: the destructor releases chunks; abandon forgets them", "[pool]"
   CHECK(up.counters().bad_releases == 0);
   CHECK(up.live_chunks() == 0);
   {
-    DevicePool pool(growth_config(32 * MiB, 32 * MiB), 0, up, nullptr);
+    ContextPool pool(growth_config(32 * MiB, 32 * MiB), 0, up, nullptr);
     std::uint64_t p = pool.allocate(32 * MiB).ptr;
     pool.abandon();
     CHECK(pool.state().reserved == 0);
@@ -447,7 +447,7 @@ TEST_CASE("pool: the destructor releases chunks; abandon forgets them", "[pool]"
 
 TEST_CASE("pool: sync free waits for the device on every free", "[pool]") {
   SimUpstream up(1 * GiB);
-  DevicePool pool(growth_config(), 0, up, nullptr);
+  ContextPool pool(growth_config(), 0, up, nullptr);
   std::uint64_t a = pool.allocate(MiB).ptr;
   pool.deallocate(a);
   CHECK(up.counters().synchronizes == 1);
@@ -462,7 +462,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
 
   SECTION("one stream: reuse at once, no fence, no wait") {
     up.set_needs_fences(false);
-    DevicePool pool(cfg, 0, up, &sink);
+    ContextPool pool(cfg, 0, up, &sink);
     std::uint64_t a = pool.allocate(MiB).ptr;
     CHECK(pool.deallocate(a) == FreeResult::freed);
     CHECK(pool.allocate(MiB).ptr == a);
@@ -471,7 +471,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
   }
   SECTION("fences pending: a miss the quarantine can serve waits for it rather than grow") {
     up.set_pending_work(true);
-    DevicePool pool(cfg, 0, up, &sink);
+    ContextPool pool(cfg, 0, up, &sink);
     std::uint64_t a = pool.allocate(32 * MiB).ptr;
     REQUIRE(a != 0);
     CHECK(pool.deallocate(a) == FreeResult::freed);
@@ -491,7 +491,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
   }
   SECTION("fences pending: a miss the quarantine cannot serve grows without waiting") {
     up.set_pending_work(true);
-    DevicePool pool(cfg, 0, up, &sink);
+    ContextPool pool(cfg, 0, up, &sink);
     std::uint64_t a = pool.allocate(16 * MiB).ptr;
     std::uint64_t keep = pool.allocate(16 * MiB).ptr;
     REQUIRE((a && keep));
@@ -507,7 +507,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
   }
   SECTION("fences pending and no room to grow: wait for the oldest fence") {
     up.set_pending_work(true);
-    DevicePool pool(with_limit(cfg, 64 * MiB), 0, up, &sink);
+    ContextPool pool(with_limit(cfg, 64 * MiB), 0, up, &sink);
     std::uint64_t a = pool.allocate(32 * MiB).ptr;
     std::uint64_t b = pool.allocate(32 * MiB).ptr;
     REQUIRE((a && b));
@@ -520,7 +520,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
   }
   SECTION("frees are batched: one fence per batch") {
     up.set_pending_work(true);
-    DevicePool pool(cfg, 0, up, &sink);
+    ContextPool pool(cfg, 0, up, &sink);
     FakeClock clock;
     pool.set_clock(&FakeClock::read, &clock);
     std::vector<std::uint64_t> p;
@@ -543,7 +543,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
   }
   SECTION("frees seal at most once per interval; a miss seals at once") {
     up.set_pending_work(true);
-    DevicePool pool(with_limit(cfg, 32 * MiB), 0, up, &sink);
+    ContextPool pool(with_limit(cfg, 32 * MiB), 0, up, &sink);
     FakeClock clock;
     pool.set_clock(&FakeClock::read, &clock);
     constexpr std::size_t kBlock = 128 * 1024;  // 256 of them fill the one chunk the cap allows
@@ -567,7 +567,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
     up.set_pending_work(true);
     Config big = growth_config(64 * MiB, 64 * MiB);
     big.free_mode = FreeMode::deferred;
-    DevicePool pool(big, 0, up, &sink);
+    ContextPool pool(big, 0, up, &sink);
     FakeClock clock;
     pool.set_clock(&FakeClock::read, &clock);
     std::vector<std::uint64_t> p;
@@ -603,7 +603,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
     up8.set_pending_work(true);
     Config big = growth_config(512 * MiB, 512 * MiB);
     big.free_mode = FreeMode::deferred;
-    DevicePool pool(big, 0, up8, &sink);
+    ContextPool pool(big, 0, up8, &sink);
     FakeClock clock;
     clock.t = 0;  // a clock that starts at zero (replay of a hand-made trace)
     pool.set_clock(&FakeClock::read, &clock);
@@ -624,7 +624,7 @@ TEST_CASE("pool: deferred free", "[pool]") {
   }
   SECTION("large frees seal a batch by bytes") {
     up.set_pending_work(true);
-    DevicePool pool(cfg, 0, up, &sink);
+    ContextPool pool(cfg, 0, up, &sink);
     pool.deallocate(pool.allocate(Quarantine::kBatchBytes).ptr);
     CHECK(up.counters().fences_placed == 1);
   }
@@ -644,7 +644,7 @@ Config cached_config(FreeMode mode = FreeMode::sync) {
 TEST_CASE("thread cache: a thread's freed block serves its next allocation of that size", "[pool][cache]") {
   SimUpstream up(1 * GiB);
   RecordingSink sink;
-  DevicePool pool(cached_config(), 0, up, &sink);
+  ContextPool pool(cached_config(), 0, up, &sink);
   const std::uint64_t p = pool.allocate(4096).ptr;
   REQUIRE(p != 0);
   trace::PoolState s;
@@ -677,7 +677,7 @@ TEST_CASE("thread cache: a large block waits only for its thread's next allocati
   RecordingSink sink;
   Config cfg = cached_config();
   cfg.growth_chunk = 128 * MiB;  // room beside the block: only giving it back makes it serve the next call
-  DevicePool pool(cfg, 0, up, &sink);
+  ContextPool pool(cfg, 0, up, &sink);
   const std::uint64_t big = pool.allocate(64 * MiB).ptr;
   REQUIRE(big != 0);
   const std::uint64_t reserves = up.counters().reserve_calls;
@@ -725,7 +725,7 @@ TEST_CASE("thread cache: a kept large block goes back even when the bins serve t
           "[pool][cache]") {
   SimUpstream up(1 * GiB);
   RecordingSink sink;
-  DevicePool pool(cached_config(), 0, up, &sink);
+  ContextPool pool(cached_config(), 0, up, &sink);
   const std::uint64_t small = pool.allocate(4096).ptr;
   const std::uint64_t big = pool.allocate(64 * MiB).ptr;
   REQUIRE(pool.deallocate(small) == FreeResult::freed);
@@ -741,7 +741,7 @@ TEST_CASE("thread cache: a kept large block goes back even when the bins serve t
 
 TEST_CASE("thread cache: another thread may free a large block; its owner then cannot", "[pool][cache]") {
   SimUpstream up(1 * GiB);
-  DevicePool pool(cached_config(), 0, up, nullptr);
+  ContextPool pool(cached_config(), 0, up, nullptr);
   const std::uint64_t big = pool.allocate(16 * MiB).ptr;
   FreeResult other = FreeResult::double_free;
   std::thread([&] { other = pool.deallocate(big); }).join();
@@ -753,7 +753,7 @@ TEST_CASE("thread cache: another thread may free a large block; its owner then c
 
 TEST_CASE("thread cache: double frees and frees from other threads", "[pool][cache]") {
   SimUpstream up(1 * GiB);
-  DevicePool pool(cached_config(), 0, up, nullptr);
+  ContextPool pool(cached_config(), 0, up, nullptr);
   const std::uint64_t p = pool.allocate(8192).ptr;
   const std::uint64_t q = pool.allocate(8192).ptr;
   REQUIRE(p != 0);
@@ -782,7 +782,7 @@ TEST_CASE("thread cache: double frees and frees from other threads", "[pool][cac
 TEST_CASE("thread cache: blocks go back to the pool before it grows or refuses", "[pool][cache]") {
   SimUpstream up(1 * GiB);
   Config cfg = with_limit(cached_config(), 32 * MiB);
-  DevicePool pool(cfg, 0, up, nullptr);
+  ContextPool pool(cfg, 0, up, nullptr);
   std::vector<std::uint64_t> blocks;
   for (int i = 0; i < 8; ++i) blocks.push_back(pool.allocate(1 * MiB).ptr);
   for (std::uint64_t b : blocks) REQUIRE(pool.deallocate(b) == FreeResult::freed);
@@ -797,7 +797,7 @@ TEST_CASE("thread cache: blocks go back to the pool before it grows or refuses",
 
 TEST_CASE("thread cache: a thread that exits gives its blocks back", "[pool][cache]") {
   SimUpstream up(1 * GiB);
-  DevicePool pool(cached_config(), 0, up, nullptr);
+  ContextPool pool(cached_config(), 0, up, nullptr);
   std::uint64_t p = 0;
   std::thread([&] {
     p = pool.allocate(64 * 1024).ptr;
@@ -815,7 +815,7 @@ TEST_CASE("thread cache: a thread that exits gives its blocks back", "[pool][cac
 TEST_CASE("thread cache: no reuse without a fence once streams can overlap", "[pool][cache]") {
   SimUpstream up(1 * GiB);
   up.set_needs_fences(false);
-  DevicePool pool(cached_config(FreeMode::deferred), 0, up, nullptr);
+  ContextPool pool(cached_config(FreeMode::deferred), 0, up, nullptr);
   const std::uint64_t p = pool.allocate(4096).ptr;
   REQUIRE(pool.deallocate(p) == FreeResult::freed);
   CHECK(pool.thread_cached() == 4096);  // one order of work: reusable at once
@@ -876,7 +876,7 @@ TEST_CASE("pool: an allocation waits for another thread's growth in flight inste
     Config cfg = with_limit(growth_config(64 * MiB, 64 * MiB), 64 * MiB);
     cfg.free_mode = mode;
     RecordingSink sink;
-    DevicePool pool(cfg, 0, up, &sink);
+    ContextPool pool(cfg, 0, up, &sink);
     AllocResult a, b;
     std::atomic<bool> b_done{false};
     std::thread ta([&] { a = pool.allocate(MiB); });
@@ -901,23 +901,23 @@ TEST_CASE("pool: an allocation waits for another thread's growth in flight inste
   }
 }
 
-TEST_CASE("pool: an external charge waits for a growth in flight instead of refusing", "[pool][cap]") {
+TEST_CASE("pool: an outside charge waits for a growth in flight instead of refusing", "[pool][cap]") {
   SimUpstream up(1 * GiB);
   ReserveGate gate;
   up.set_reserve_gate([&] { gate.pass(); });
-  DevicePool pool(with_limit(growth_config(32 * MiB, 32 * MiB), 64 * MiB), 0, up, nullptr);
+  ContextPool pool(with_limit(growth_config(32 * MiB, 32 * MiB), 64 * MiB), 0, up, nullptr);
   std::uint64_t a = 0;
   std::thread ta([&] { a = pool.allocate(MiB).ptr; });
-  gate.wait_entered();  // 32 MiB in flight: a 40 MiB external charge fits only if A's chunk...
+  gate.wait_entered();  // 32 MiB in flight: a 40 MiB outside charge fits only if A's chunk...
   bool charged = false;
-  std::thread tb([&] { charged = pool.try_charge_external(32 * MiB); });
+  std::thread tb([&] { charged = pool.try_charge_outside(32 * MiB); });
   for (int i = 0; i < 1000; ++i) std::this_thread::yield();
   gate.release();
   ta.join();
   tb.join();
   CHECK(a != 0);
-  CHECK(charged);  // 32 MiB chunk + 32 MiB external = the cap exactly
-  CHECK(pool.external() == 32 * MiB);
+  CHECK(charged);  // 32 MiB chunk + 32 MiB outside = the cap exactly
+  CHECK(pool.outside() == 32 * MiB);
 }
 
 TEST_CASE("pool: many threads at the edge of the cap are never refused while their memory fits", "[pool][cap]") {
@@ -933,7 +933,7 @@ TEST_CASE("pool: many threads at the edge of the cap are never refused while the
       cfg.free_mode = mode;
       cfg.thread_cache = thread_cache;
       RecordingSink sink;
-      DevicePool pool(cfg, 0, up, &sink);
+      ContextPool pool(cfg, 0, up, &sink);
       std::atomic<int> refused{0};
       std::atomic<bool> stop{false};
       // In deferred mode fences retire only when this thread lets them (or a waiter waits).
@@ -983,7 +983,7 @@ TEST_CASE("pool: during a stream capture nothing is fenced, polled or waited for
 
   SECTION("deferred: frees wait in the open batch; it is sealed once the capture has ended") {
     cfg.free_mode = FreeMode::deferred;
-    DevicePool pool(cfg, 0, up, nullptr);
+    ContextPool pool(cfg, 0, up, nullptr);
     std::vector<std::uint64_t> blocks;
     for (int i = 0; i < 200; ++i) blocks.push_back(pool.allocate(MiB).ptr);  // 200 MiB, several chunks
     up.set_capturing(true);
@@ -1001,7 +1001,7 @@ TEST_CASE("pool: during a stream capture nothing is fenced, polled or waited for
   }
   SECTION("sync: a free waits as cudaFree does, and its block is reused only after the capture") {
     cfg.free_mode = FreeMode::sync;
-    DevicePool pool(cfg, 0, up, nullptr);
+    ContextPool pool(cfg, 0, up, nullptr);
     const std::uint64_t a = pool.allocate(MiB).ptr;
     up.set_capturing(true);
     CHECK(pool.deallocate(a) == FreeResult::freed);
@@ -1021,7 +1021,7 @@ TEST_CASE("pool: during a stream capture nothing is fenced, polled or waited for
   SECTION("deferred, one order of work: a capture changes nothing") {
     cfg.free_mode = FreeMode::deferred;
     up.set_needs_fences(false);
-    DevicePool pool(cfg, 0, up, nullptr);
+    ContextPool pool(cfg, 0, up, nullptr);
     const std::uint64_t a = pool.allocate(MiB).ptr;
     up.set_capturing(true);
     CHECK(pool.deallocate(a) == FreeResult::freed);
@@ -1036,8 +1036,8 @@ TEST_CASE("pool: pools of one device share its cap through one account", "[pool]
   SimUpstream up(4 * GiB);
   const Config cfg = with_limit(growth_config(32 * MiB, 32 * MiB), 96 * MiB);
   DeviceAccount account(96 * MiB);
-  DevicePool a(cfg, 0, up, nullptr, &account);
-  DevicePool b(cfg, 0, up, nullptr, &account);
+  ContextPool a(cfg, 0, up, nullptr, &account);
+  ContextPool b(cfg, 0, up, nullptr, &account);
   REQUIRE(a.allocate(32 * MiB).ptr != 0);
   CHECK(account.charged() == 32 * MiB);
   REQUIRE(b.allocate(32 * MiB).ptr != 0);
@@ -1046,17 +1046,17 @@ TEST_CASE("pool: pools of one device share its cap through one account", "[pool]
   AllocResult refused = b.allocate(32 * MiB);
   CHECK(refused.ptr == 0);
   CHECK(refused.oom == OomClass::limit);
-  CHECK_FALSE(a.try_charge_external(32 * MiB));
+  CHECK_FALSE(a.try_charge_outside(32 * MiB));
   std::size_t free = 0, total = 0;
   a.mem_info(&free, &total);
   CHECK(total == 96 * MiB);
   CHECK(free == 16 * MiB);  // 96 less the 80 held on the device (a's chunk is wholly in use)
   account.add(-static_cast<std::int64_t>(16 * MiB));
-  CHECK(a.try_charge_external(16 * MiB));
-  a.uncharge_external(16 * MiB);
+  CHECK(a.try_charge_outside(16 * MiB));
+  a.uncharge_outside(16 * MiB);
   // A pool that goes gives its part of the account back.
   {
-    DevicePool c(cfg, 0, up, nullptr, &account);
+    ContextPool c(cfg, 0, up, nullptr, &account);
     REQUIRE(c.allocate(16 * MiB).ptr != 0);
     CHECK(account.charged() == 96 * MiB);
   }
@@ -1066,7 +1066,7 @@ TEST_CASE("pool: pools of one device share its cap through one account", "[pool]
   std::vector<std::thread> threads;
   for (int t = 0; t < 8; ++t)
     threads.emplace_back([&, t] {
-      DevicePool& p = t % 2 ? a : b;
+      ContextPool& p = t % 2 ? a : b;
       for (int i = 0; i < 200; ++i) {
         AllocResult r = p.allocate(MiB * (1 + (i + t) % 8));
         if (account.charged() > 96 * MiB) passed = true;

@@ -1,4 +1,4 @@
-// DevicePool: the memory of one device context, handed out from chunks taken through an Upstream
+// ContextPool: the memory of one device context, handed out from chunks taken through an Upstream
 // (the real driver in the shim, SimUpstream in tests and replay). Thread-safe: one mutex per
 // pool, never held across an upstream call that can take long (reserve, release, synchronize,
 // wait_fence). Policies (growth, preallocate), the cap, free modes and OOM classification live
@@ -40,18 +40,18 @@ enum class FreeResult {
   double_free,  // inside the pool but not a live block (already freed, or still in quarantine)
 };
 
-class DevicePool final : public ThreadCacheOwner {
+class ContextPool final : public ThreadCacheOwner {
  public:
   // A time source (ns). Default: the trace's EventClock (CLOCK_MONOTONIC). Tests and replay inject their own.
   using Clock = std::uint64_t (*)(void* ctx);
 
   // `account`: what the process holds on the device, shared with its other pools and with memory
   // no context names (ProcessMemory's); nullptr: the pool keeps an account of its own.
-  DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
+  ContextPool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
              DeviceAccount* account = nullptr);
-  ~DevicePool();
-  DevicePool(const DevicePool&) = delete;
-  DevicePool& operator=(const DevicePool&) = delete;
+  ~ContextPool();
+  ContextPool(const ContextPool&) = delete;
+  ContextPool& operator=(const ContextPool&) = delete;
 
   // size 0: ptr 0, no error. `state`, if given, receives the pool state after the call, read
   // under the same lock (the trace wants it, and a second lock round-trip costs).
@@ -72,17 +72,17 @@ class DevicePool final : public ThreadCacheOwner {
   void mem_info(std::size_t* free, std::size_t* total);
 
   // Memory the process holds outside the pool (passthrough, VMM, stream-ordered) counts against
-  // the cap. try_charge_external gives back wholly free chunks before it refuses.
-  bool try_charge_external(std::size_t bytes);
+  // the cap. try_charge_outside gives back wholly free chunks before it refuses.
+  bool try_charge_outside(std::size_t bytes);
   bool has_room(std::size_t bytes) const;  // under the cap as things stand (nothing given back)
   // What the pool holds that nothing uses goes back (thread caches, the quarantine once its
   // fences retire, wholly free chunks but the preallocated one): room for a charge elsewhere on
   // the device (memory that names the device but no context).
   void give_back_idle();
-  void uncharge_external(std::size_t bytes);
+  void uncharge_outside(std::size_t bytes);
   // Memory the driver has already handed out where no admission could come first (graph memory
   // the driver reports after the fact): counted, whatever the cap says.
-  void charge_external(std::size_t bytes);
+  void charge_outside(std::size_t bytes);
 
   void trim();     // give back every wholly free chunk (the preallocated one too)
   void abandon();  // the context is gone: forget everything, never call the upstream again
@@ -100,7 +100,7 @@ class DevicePool final : public ThreadCacheOwner {
   // False for a preallocated region that may not grow (CUPOOL_PREALLOCATE_GROW unset): the pool
   // then never asks the driver for more.
   bool may_grow() const;
-  std::uint64_t external() const;
+  std::uint64_t outside() const;
   // The vmm policy is in force: blocks lie in one virtual range backed by granules mapped on
   // demand (false under vmm when the upstream has no virtual memory: the pool then grows in
   // chunks). Such blocks cannot be shared over CUDA IPC.
@@ -139,7 +139,7 @@ class DevicePool final : public ThreadCacheOwner {
   // thread cache (without the lock) report, unless state_locked() has just published it.
   class PoolMutex {
    public:
-    explicit PoolMutex(const DevicePool* pool) : pool_(pool) {}
+    explicit PoolMutex(const ContextPool* pool) : pool_(pool) {}
     void lock() noexcept {
       spin_.lock();
       pool_->snapshot_fresh_ = false;
@@ -153,7 +153,7 @@ class DevicePool final : public ThreadCacheOwner {
 
    private:
     SpinLock spin_;
-    const DevicePool* pool_;
+    const ContextPool* pool_;
   };
   using Lock = std::unique_lock<PoolMutex>;
   struct Range {
@@ -161,7 +161,7 @@ class DevicePool final : public ThreadCacheOwner {
   };
 
   std::uint64_t now() const { return clock_(clock_ctx_); }
-  std::uint64_t charged() const { return reserved_locked() + transit_ + external_; }
+  std::uint64_t charged() const { return reserved_locked() + transit_ + outside_; }
   // What the pool holds from the device: its chunks, or (vmm) its mapped granules.
   std::uint64_t reserved_locked() const { return vmm_ ? granules_.mapped_bytes() : sub_.reserved(); }
   // Bytes the pool holds that no live or quarantined block uses (thread caches aside).
@@ -183,7 +183,7 @@ class DevicePool final : public ThreadCacheOwner {
     posted_ = now;
   }
   // The admission of `bytes` more, atomic across the device's pools: true when they fit under
-  // the cap, and the caller then adds them to transit_ or external_.
+  // the cap, and the caller then adds them to transit_ or outside_.
   bool take_locked(std::uint64_t bytes) {
     post_locked();
     if (!account_->try_take(bytes)) return false;
@@ -260,7 +260,7 @@ class DevicePool final : public ThreadCacheOwner {
   // beside it waits for it instead of refusing (docs/design.md, "Cap").
   std::condition_variable_any transit_cv_;
   std::condition_variable_any fence_cv_;  // a thread's wait for a fence has retired batches
-  std::uint64_t external_ = 0;
+  std::uint64_t outside_ = 0;
   std::uint64_t step_ = 0;      // growth: the next chunk size
   std::atomic<bool> abandoned_{false};  // read without the lock by the thread-cache paths
 

@@ -1,4 +1,4 @@
-#include "device_pool.h"
+#include "context_pool.h"
 
 
 #include <algorithm>
@@ -35,7 +35,7 @@ std::atomic<std::uint64_t> g_next_pool_id{1};
 
 }  // namespace
 
-DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
+ContextPool::ContextPool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
                        DeviceAccount* account)
     : cfg_(cfg), device_(device), up_(upstream), observer_(observer), clock_(&event_clock), id_(g_next_pool_id++) {
   thread_caches::add_owner(id_, this);
@@ -56,11 +56,11 @@ DevicePool::DevicePool(const Config& cfg, int device, Upstream& upstream, PoolOb
   vmm_ = cfg_.policy == PolicyKind::vmm && up_.vmm_granularity() > 0;
 }
 
-DevicePool::~DevicePool() {
+ContextPool::~ContextPool() {
   thread_caches::remove_owner(id_);
   // Last, once what the pool holds has gone back below: the account forgets its part.
   struct Settle {
-    DevicePool* pool;
+    ContextPool* pool;
     ~Settle() {
       pool->account_->add(-static_cast<std::int64_t>(pool->posted_));
       pool->posted_ = 0;
@@ -93,19 +93,19 @@ DevicePool::~DevicePool() {
   });
 }
 
-void DevicePool::set_clock(Clock clock, void* ctx) {
+void ContextPool::set_clock(Clock clock, void* ctx) {
   Lock lk(mu_);
   clock_ = clock ? clock : &event_clock;
   clock_ctx_ = ctx;
 }
 
-bool DevicePool::may_grow() const {
+bool ContextPool::may_grow() const {
   return cfg_.policy != PolicyKind::preallocate || cfg_.preallocate_grow;
 }
 
 // ---- allocation ----------------------------------------------------------------------------------
 
-AllocResult DevicePool::allocate(std::size_t size, PoolStats* state) {
+AllocResult ContextPool::allocate(std::size_t size, PoolStats* state) {
   if (size == 0) return {};
   const std::uint64_t bytes = round_up(std::min<std::uint64_t>(size, kMaxRequest), Suballocator::kAlignment);
   ThreadCache* tc = nullptr;
@@ -163,7 +163,7 @@ AllocResult DevicePool::allocate(std::size_t size, PoolStats* state) {
 // proves reusable. `seal_first`: put the open batch behind a fence first (it may be the one waited
 // for). `bounding` (the quarantine bound, not a shortage): only a fence a free sealed at least an
 // interval ago. False when there was none to wait for.
-bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
+bool ContextPool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
   if (up_.capturing()) return false;  // a wait for uncaptured work is not the program's to make now
   if (seal_first) seal_pending();
   bool all_taken = false;
@@ -190,7 +190,7 @@ bool DevicePool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
 }
 
 // Waits for quarantined blocks, oldest fence first, trying the allocation after each fence.
-std::uint64_t DevicePool::wait_for_quarantine(Lock& lk, std::uint64_t bytes) {
+std::uint64_t ContextPool::wait_for_quarantine(Lock& lk, std::uint64_t bytes) {
   for (;;) {
     if (std::uint64_t p = take(bytes)) return p;
     if (!wait_oldest_fence(lk, true)) return 0;
@@ -207,7 +207,7 @@ std::uint64_t DevicePool::wait_for_quarantine(Lock& lk, std::uint64_t bytes) {
 //   could hang a program that runs without cupool;
 // - an interval old, the host has issued work since, so the device still has some queued.
 // Under preallocate the bound is an eighth of the whole region: memory held there costs nothing.
-void DevicePool::bound_quarantine(Lock& lk) {
+void ContextPool::bound_quarantine(Lock& lk) {
   const std::uint64_t bound = std::max<std::uint64_t>(kQuarantineFloor, reserved_locked() / 8);
   if (sub_.held() <= bound) return;
   retire_ready();
@@ -217,7 +217,7 @@ void DevicePool::bound_quarantine(Lock& lk) {
 
 // The miss path, in order: retired fences; (first use) preallocation; waiting for the oldest
 // fences when the quarantine holds enough; growth; waiting for the remaining fences; giving back wholly free chunks and growing once more; then out of memory.
-AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
+AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size) {
   if (abandoned_) return {0, OomClass::device, 0};
   if (size > kMaxRequest) {
     emit(PoolEvent::Kind::oom, size, 0, now(), 0, OomClass::limit);
@@ -289,7 +289,7 @@ AllocResult DevicePool::allocate_slow(Lock& lk, std::size_t size) {
 // Growth rule: max(round_up(bytes, 2 MiB), step), step doubling from growth_chunk up to
 // growth_chunk_max; never more than the cap leaves, and if the driver refuses a chunk larger
 // than needed, ask once more for just what is needed.
-DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
+ContextPool::Grow ContextPool::grow(Lock& lk, std::size_t bytes) {
   if (vmm_) {
     Grow g = map_block(lk, bytes);
     if (g.ptr || vmm_) return g;  // else the range could not be reserved: grow in chunks
@@ -336,7 +336,7 @@ DevicePool::Grow DevicePool::grow(Lock& lk, std::size_t bytes) {
 
 // First use under the preallocate policy: one chunk of preallocate.resolve(total), clamped to
 // the cap. If the driver refuses, try once with what it reports free.
-DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
+ContextPool::Grow ContextPool::preallocate(Lock& lk, std::size_t bytes) {
   if (prealloc_busy_) {  // another thread is reserving it: wait for the outcome
     prealloc_cv_.wait(lk, [&] { return !prealloc_busy_; });
     return {};
@@ -386,7 +386,7 @@ DevicePool::Grow DevicePool::preallocate(Lock& lk, std::size_t bytes) {
 
 // A new reservation joins the suballocator (aligned to 512 bytes if the upstream gave less),
 // and serves `bytes` at once, in the same critical section, so no other thread can take it.
-DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, std::size_t bytes, bool is_prealloc) {
+ContextPool::Grow ContextPool::add_reserved(std::uint64_t base, std::size_t size, std::size_t bytes, bool is_prealloc) {
   std::uint64_t start = round_up(base, Suballocator::kAlignment);
   std::uint64_t usable = size > start - base ? round_down(size - (start - base), Suballocator::kAlignment) : 0;
   std::uint32_t id = usable ? sub_.add_chunk(start, usable) : Suballocator::kNoChunk;
@@ -407,7 +407,7 @@ DevicePool::Grow DevicePool::add_reserved(std::uint64_t base, std::size_t size, 
 
 // ---- the vmm policy ---------------------------------------------------------------------------------
 
-std::uint64_t DevicePool::take(std::uint64_t bytes) {
+std::uint64_t ContextPool::take(std::uint64_t bytes) {
   if (!vmm_) return sub_.allocate(bytes);
   // Best fit keeps the range's free space in few large blocks: TLSF's good fit cut larger free
   // blocks, stranding mapped granules between live blocks, and the pool mapped more elsewhere.
@@ -421,13 +421,13 @@ std::uint64_t DevicePool::take(std::uint64_t bytes) {
   return 0;
 }
 
-std::uint64_t DevicePool::give_back_free(Lock& lk, bool include_prealloc) {
+std::uint64_t ContextPool::give_back_free(Lock& lk, bool include_prealloc) {
   return vmm_ ? unmap_idle(lk, ~std::uint64_t{0}, true) : release_free_chunks(lk, include_prealloc, kNever);
 }
 
 // The virtual range, reserved at the first allocation: the cap times kRangeOverCap (memory never
 // passes the cap; the spare addresses keep blocks contiguous however the range fragments).
-bool DevicePool::vmm_setup(Lock& lk, Grow* fail) {
+bool ContextPool::vmm_setup(Lock& lk, Grow* fail) {
   if (vmm_size_ != 0) return true;
   if (vmm_busy_) {
     transit_cv_.wait(lk, [&] { return !vmm_busy_ || abandoned_; });
@@ -468,7 +468,7 @@ bool DevicePool::vmm_setup(Lock& lk, Grow* fail) {
 // What growth is to the vmm policy: a block of the virtual range, with memory mapped behind its
 // granules that have none. Its granules are touched first, so that no other thread unmaps them
 // while the lock is dropped around the driver calls; mapped bytes count in transit meanwhile.
-DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
+ContextPool::Grow ContextPool::map_block(Lock& lk, std::size_t bytes) {
   // More than the cap can ever map: the cap's refusal (or the device's), not fragmentation.
   if (bytes > cap_) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
   Grow fail{};
@@ -558,7 +558,7 @@ DevicePool::Grow DevicePool::map_block(Lock& lk, std::size_t bytes) {
 // fence placed after them makes them safe to unmap once it retires. Placed and polled from frees,
 // at most once per sealing interval (as the quarantine seals: a fence costs a call per stream),
 // so that idle granules are mostly safe by the time a map would unmap them.
-void DevicePool::cover_idle() {
+void ContextPool::cover_idle() {
   if (!granules_.unsafe_idle(safe_seq_) || up_.capturing()) return;
   const std::uint64_t t = now();
   if (t < unmap_fence_due_) return;
@@ -577,7 +577,7 @@ void DevicePool::cover_idle() {
 // frees while all work is in one order) may still be read by the device, and an unmap does not
 // wait for it as cudaFree does: they go only once a fence placed after their free has retired.
 // That fence is polled; `may_wait` (on the way to a refusal, or giving memory back) waits for it.
-std::uint64_t DevicePool::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait) {
+std::uint64_t ContextPool::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait) {
   // An unmap is not a call to make during a capture (as cuMemFree is not): granules stay until it ends.
   if (!vmm_ || abandoned_ || up_.capturing() || granules_.idle_bytes() == 0) return 0;
   if (unmap_fence_ != 0 && up_.fence_retired(unmap_fence_)) {
@@ -630,7 +630,7 @@ std::uint64_t DevicePool::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wai
 // Waits until a reservation that another thread has in flight lands (the lock is dropped
 // meanwhile). False when none was in flight. Reservations do not wait for each other, so this
 // cannot deadlock; it never waits on device work.
-bool DevicePool::wait_for_growth(Lock& lk) {
+bool ContextPool::wait_for_growth(Lock& lk) {
   if (growing_ == 0) return false;
   transit_cv_.wait(lk, [&] { return growing_ == 0 || abandoned_; });
   return !abandoned_;
@@ -638,7 +638,7 @@ bool DevicePool::wait_for_growth(Lock& lk) {
 
 // The same for any bytes in transit, releases included (a release may wait for the device, as
 // cuMemFree does): only on the way to a refusal.
-bool DevicePool::wait_for_transit(Lock& lk) {
+bool ContextPool::wait_for_transit(Lock& lk) {
   if (transit_ == 0) return false;
   transit_cv_.wait(lk, [&] { return transit_ == 0 || abandoned_; });
   return !abandoned_;
@@ -646,7 +646,7 @@ bool DevicePool::wait_for_transit(Lock& lk) {
 
 // Gives back wholly free chunks (those idle since before `idle_before`, kNever: all); the
 // preallocated chunk only when asked. The lock is dropped around the upstream calls.
-std::size_t DevicePool::release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before) {
+std::size_t ContextPool::release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before) {
   // cuMemFree is a call a capture may forbid the calling thread: chunks stay until it has ended.
   // The vmm policy's range is never given back while the pool lives (its granules are).
   if (up_.capturing() || vmm_) return 0;
@@ -688,7 +688,7 @@ std::size_t DevicePool::release_free_chunks(Lock& lk, bool include_prealloc, std
 
 // ---- free ------------------------------------------------------------------------------------------
 
-FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, PoolStats* state) {
+FreeResult ContextPool::deallocate(std::uint64_t ptr, std::size_t* size, PoolStats* state) {
   std::size_t freed_size = 0;
   auto finish = [&](Suballocator::FreeStatus st) {
     if (size) *size = st == Suballocator::FreeStatus::freed ? freed_size : 0;
@@ -762,11 +762,11 @@ FreeResult DevicePool::deallocate(std::uint64_t ptr, std::size_t* size, PoolStat
 
 // Reuse without a fence is safe: after cudaFree's wait (sync), or while all work is in one order.
 // Not with idle release: a chunk whose blocks sit in a thread's cache would never look idle.
-bool DevicePool::cache_usable() const {
+bool ContextPool::cache_usable() const {
   return !abandoned_.load(std::memory_order_relaxed) && !cfg_.release_idle_ns && (!deferred_ || !up_.needs_fences());
 }
 
-ThreadCache* DevicePool::my_cache(bool create) {
+ThreadCache* ContextPool::my_cache(bool create) {
   if (recorded_thread_) [[unlikely]] {
     // Replay: the cache of the recorded thread whose call this is.
     if (auto it = recorded_caches_.find(*recorded_thread_); it != recorded_caches_.end()) return it->second;
@@ -804,7 +804,7 @@ ThreadCache* DevicePool::my_cache(bool create) {
 
 // The state a cache-served event reports: the pool's as of its last locked operation, and the
 // change to the bytes in use (the trace writer derives in_use and cached from it).
-void DevicePool::fast_state(PoolStats* s, std::int64_t in_use_change) const {
+void ContextPool::fast_state(PoolStats* s, std::int64_t in_use_change) const {
   s->reserved = snap_reserved_.load(std::memory_order_relaxed);
   s->largest_free = snap_largest_.load(std::memory_order_relaxed);
   s->quarantined = snap_quarantined_.load(std::memory_order_relaxed);
@@ -813,20 +813,20 @@ void DevicePool::fast_state(PoolStats* s, std::int64_t in_use_change) const {
   s->pool = id_;
 }
 
-std::uint64_t DevicePool::thread_cached_locked() const {
+std::uint64_t ContextPool::thread_cached_locked() const {
   std::uint64_t n = 0;
   for (const auto& c : caches_) n += c->bytes();
   return n;
 }
 
-std::uint64_t DevicePool::thread_cached() const {
+std::uint64_t ContextPool::thread_cached() const {
   Lock lk(mu_);
   return thread_cached_locked();
 }
 
 // Empties the bins of every cache (or of `only`) back into the pool: free at once, or into
 // quarantine when reuse now needs a fence.
-std::uint64_t DevicePool::reclaim_caches_locked(ThreadCache* only) {
+std::uint64_t ContextPool::reclaim_caches_locked(ThreadCache* only) {
   std::uint64_t bytes = 0;
   for (auto& c : caches_) {
     if (only != nullptr && c.get() != only) continue;
@@ -845,20 +845,20 @@ std::uint64_t DevicePool::reclaim_caches_locked(ThreadCache* only) {
 
 // The large block `cache` kept for its thread's next allocation goes back to the pool. Called by
 // that thread only, so the look before the cache's lock is safe (ThreadCache::holds_large).
-void DevicePool::reclaim_large_locked(ThreadCache* cache) {
+void ContextPool::reclaim_large_locked(ThreadCache* cache) {
   if (!cache->holds_large()) return;
   std::lock_guard g(cache->lock);
   cache->drain_large([&](std::uint64_t ptr, std::uint64_t) { give_back_locked(ptr); });
 }
 
 // Holds a live block and adds it to the open batch (sealed behind a fence later).
-Suballocator::FreeStatus DevicePool::quarantine_locked(std::uint64_t ptr, std::size_t* size) {
+Suballocator::FreeStatus ContextPool::quarantine_locked(std::uint64_t ptr, std::size_t* size) {
   const auto st = sub_.hold(ptr, size);
   if (st == Suballocator::FreeStatus::freed) quarantine_.hold(ptr, *size);
   return st;
 }
 
-void DevicePool::give_back_locked(std::uint64_t ptr) {
+void ContextPool::give_back_locked(std::uint64_t ptr) {
   if (deferred_ && up_.needs_fences()) {
     std::size_t held = 0;
     quarantine_locked(ptr, &held);
@@ -870,7 +870,7 @@ void DevicePool::give_back_locked(std::uint64_t ptr) {
 
 // The cache's thread exited: its bins go back, its live blocks stay live (another thread may
 // free them), and the cache waits for a new thread to adopt it.
-void DevicePool::retire_cache(ThreadCache* cache) {
+void ContextPool::retire_cache(ThreadCache* cache) {
   Lock lk(mu_);
   if (!abandoned_) reclaim_caches_locked(cache);
   std::lock_guard g(cache->lock);
@@ -878,7 +878,7 @@ void DevicePool::retire_cache(ThreadCache* cache) {
   cache->orphan = true;
 }
 
-void DevicePool::publish_ranges_locked() {
+void ContextPool::publish_ranges_locked() {
   auto list = std::make_unique<std::vector<Range>>();
   sub_.for_each_chunk([&](std::uint32_t, std::uint64_t base, std::size_t size) { list->push_back({base, base + size}); });
   std::sort(list->begin(), list->end(), [](const Range& a, const Range& b) { return a.base < b.base; });
@@ -889,7 +889,7 @@ void DevicePool::publish_ranges_locked() {
 // Under vmm, the block's granules lose a user; those left idle may be unmapped once no device
 // work can still use them: at once after a sync free's wait or a fence (`fenced`), else after a
 // fence placed later (unmap_idle).
-void DevicePool::note_free(std::uint64_t ptr, const Suballocator::FreeInfo& info, bool fenced) {
+void ContextPool::note_free(std::uint64_t ptr, const Suballocator::FreeInfo& info, bool fenced) {
   if (vmm_) {
     granules_.untouch(ptr, info.size, fenced || !deferred_ ? 0 : free_seq_);
     if (!fenced && deferred_) cover_idle();
@@ -902,7 +902,7 @@ void DevicePool::note_free(std::uint64_t ptr, const Suballocator::FreeInfo& info
 
 // Idle release: a chunk (not the preallocated one) wholly free for release_idle_ns is given back.
 // Checked on allocate/deallocate, only once the earliest candidate can have expired.
-void DevicePool::check_idle(Lock& lk) {
+void ContextPool::check_idle(Lock& lk) {
   if (next_idle_check_ == kNever) return;  // no wholly free chunk: no need to read the clock
   std::uint64_t t = now();
   if (t < next_idle_check_ || abandoned_) return;
@@ -915,24 +915,24 @@ void DevicePool::check_idle(Lock& lk) {
   if (t >= idle) release_free_chunks(lk, false, t - idle);
 }
 
-void DevicePool::seal_pending(bool from_free) {
+void ContextPool::seal_pending(bool from_free) {
   if (!quarantine_.has_open() || up_.capturing()) return;  // the open batch is sealed once the capture ends
   quarantine_.seal(up_.place_fence(), now(), from_free);
 }
 
 // Fences retire in order: polled from the oldest; a poll is a query, not made during a capture.
-void DevicePool::retire_ready() {
+void ContextPool::retire_ready() {
   if (quarantine_.no_sealed() || up_.capturing()) return;
   quarantine_.retire_ready([&](FenceId f) { return up_.fence_retired(f); },
                            [&](const Quarantine::Batch& b) { release_batch(b); });
 }
 
-void DevicePool::retire_through(std::uint64_t seq) {
+void ContextPool::retire_through(std::uint64_t seq) {
   quarantine_.retire_through(seq, [&](const Quarantine::Batch& b) { release_batch(b); });
 }
 
 // A retired batch's blocks are free again.
-void DevicePool::release_batch(const Quarantine::Batch& b) {
+void ContextPool::release_batch(const Quarantine::Batch& b) {
   const std::uint64_t t0 = now();
   for (std::uint64_t p : b.blocks) {
     Suballocator::FreeInfo info;
@@ -943,7 +943,7 @@ void DevicePool::release_batch(const Quarantine::Batch& b) {
 
 // ---- queries ---------------------------------------------------------------------------------------
 
-bool DevicePool::owns(std::uint64_t ptr) const {
+bool ContextPool::owns(std::uint64_t ptr) const {
   const std::vector<Range>* ranges = ranges_.load(std::memory_order_acquire);
   if (ranges == nullptr) return false;
   auto it = std::upper_bound(ranges->begin(), ranges->end(), ptr,
@@ -951,12 +951,12 @@ bool DevicePool::owns(std::uint64_t ptr) const {
   return it != ranges->begin() && ptr < std::prev(it)->end;
 }
 
-bool DevicePool::block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const {
+bool ContextPool::block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const {
   Lock lk(mu_);
   return sub_.block_range(ptr, base, size) && !in_a_cache_locked(*base);
 }
 
-bool DevicePool::block_in_reservation(std::uint64_t ptr, std::uint64_t* base, std::size_t* size,
+bool ContextPool::block_in_reservation(std::uint64_t ptr, std::uint64_t* base, std::size_t* size,
                                       std::uint64_t* reservation_base) const {
   Lock lk(mu_);
   if (!sub_.block_range(ptr, base, size) || in_a_cache_locked(*base)) return false;
@@ -966,13 +966,13 @@ bool DevicePool::block_in_reservation(std::uint64_t ptr, std::uint64_t* base, st
   return true;
 }
 
-std::size_t DevicePool::block_size(std::uint64_t ptr) const {
+std::size_t ContextPool::block_size(std::uint64_t ptr) const {
   Lock lk(mu_);
   return in_a_cache_locked(ptr) ? 0 : sub_.block_size(ptr);
 }
 
 // A block in a thread's bin is free to the program, though the suballocator holds it live.
-bool DevicePool::in_a_cache_locked(std::uint64_t ptr) const {
+bool ContextPool::in_a_cache_locked(std::uint64_t ptr) const {
   for (const auto& c : caches_) {
     std::lock_guard g(c->lock);
     if (c->holds(ptr)) return true;
@@ -980,7 +980,7 @@ bool DevicePool::in_a_cache_locked(std::uint64_t ptr) const {
   return false;
 }
 
-PoolStats DevicePool::state_locked() const {
+PoolStats ContextPool::state_locked() const {
   PoolStats s;
   s.reserved = reserved_locked();
   s.cached = thread_cached_locked();
@@ -995,7 +995,7 @@ PoolStats DevicePool::state_locked() const {
 }
 
 // What events served from a thread cache report (fast_state): published at unlock while tracing.
-void DevicePool::publish_state_locked(const PoolStats& s) const {
+void ContextPool::publish_state_locked(const PoolStats& s) const {
   snap_reserved_.store(s.reserved, std::memory_order_relaxed);
   snap_largest_.store(s.largest_free, std::memory_order_relaxed);
   snap_quarantined_.store(s.quarantined, std::memory_order_relaxed);
@@ -1004,7 +1004,7 @@ void DevicePool::publish_state_locked(const PoolStats& s) const {
 
 // The state a call reports as its last step before it unlocks: published now, so that the
 // unlock need not compute it again.
-PoolStats DevicePool::reported_state_locked() const {
+PoolStats ContextPool::reported_state_locked() const {
   const PoolStats s = state_locked();
   if (observer_) {
     publish_state_locked(s);
@@ -1013,12 +1013,12 @@ PoolStats DevicePool::reported_state_locked() const {
   return s;
 }
 
-PoolStats DevicePool::state() const {
+PoolStats ContextPool::state() const {
   Lock lk(mu_);
   return state_locked();
 }
 
-void DevicePool::mem_info(std::size_t* free, std::size_t* total) {
+void ContextPool::mem_info(std::size_t* free, std::size_t* total) {
   std::size_t dev_total = 0, dev_free = 0;
   up_.device_memory(&dev_total, &dev_free);  // outside the lock: the real query is a driver call
   Lock lk(mu_);
@@ -1028,19 +1028,19 @@ void DevicePool::mem_info(std::size_t* free, std::size_t* total) {
   if (total) *total = t;
 }
 
-std::uint64_t DevicePool::external() const {
+std::uint64_t ContextPool::outside() const {
   Lock lk(mu_);
-  return external_;
+  return outside_;
 }
 
 // Refused only when the bytes the process holds plus `bytes` pass the cap once the pool has given
 // back what it can (thread caches, the quarantine, wholly free chunks) and no reservation or
 // release of another thread is still in flight.
-bool DevicePool::try_charge_external(std::size_t bytes) {
+bool ContextPool::try_charge_outside(std::size_t bytes) {
   Lock lk(mu_);
   for (bool given_back = false;;) {
     if (bytes <= headroom() && take_locked(bytes)) {
-      external_ += bytes;
+      outside_ += bytes;
       return true;
     }
     if (abandoned_) break;
@@ -1056,7 +1056,7 @@ bool DevicePool::try_charge_external(std::size_t bytes) {
   return false;
 }
 
-void DevicePool::give_back_idle_locked(Lock& lk) {
+void ContextPool::give_back_idle_locked(Lock& lk) {
   reclaim_caches_locked();
   retire_ready();
   while (!quarantine_.empty() && wait_oldest_fence(lk, true)) {
@@ -1064,27 +1064,27 @@ void DevicePool::give_back_idle_locked(Lock& lk) {
   give_back_free(lk, false);
 }
 
-void DevicePool::give_back_idle() {
+void ContextPool::give_back_idle() {
   Lock lk(mu_);
   if (!abandoned_) give_back_idle_locked(lk);
 }
 
-bool DevicePool::has_room(std::size_t bytes) const {
+bool ContextPool::has_room(std::size_t bytes) const {
   Lock lk(mu_);
   return bytes <= headroom();
 }
 
-void DevicePool::charge_external(std::size_t bytes) {
+void ContextPool::charge_outside(std::size_t bytes) {
   Lock lk(mu_);
-  external_ += bytes;
+  outside_ += bytes;
 }
 
-void DevicePool::uncharge_external(std::size_t bytes) {
+void ContextPool::uncharge_outside(std::size_t bytes) {
   Lock lk(mu_);
-  external_ -= std::min<std::uint64_t>(external_, bytes);
+  outside_ -= std::min<std::uint64_t>(outside_, bytes);
 }
 
-void DevicePool::trim() {
+void ContextPool::trim() {
   Lock lk(mu_);
   if (abandoned_) return;
   reclaim_caches_locked();
@@ -1093,17 +1093,17 @@ void DevicePool::trim() {
   give_back_free(lk, true);
 }
 
-void DevicePool::after_fork_in_child() {
+void ContextPool::after_fork_in_child() {
   thread_caches::after_fork_in_child();
 }
 
-void DevicePool::abandon_after_fork() {
+void ContextPool::abandon_after_fork() {
   mu_.reset_after_fork();
   for (auto& c : caches_) c->lock.reset_after_fork();
   abandon();
 }
 
-void DevicePool::abandon() {
+void ContextPool::abandon() {
   Lock lk(mu_);
   abandoned_ = true;
   for (auto& c : caches_) {  // the memory is gone with the context
@@ -1119,14 +1119,14 @@ void DevicePool::abandon() {
   granules_.clear();
   vmm_base_ = vmm_size_ = 0;
   unmap_fence_ = 0;
-  external_ = 0;
+  outside_ = 0;
   prealloc_chunk_ = Suballocator::kNoChunk;
   next_idle_check_ = kNever;
 }
 
 // ---- events ----------------------------------------------------------------------------------------
 
-void DevicePool::emit(PoolEvent::Kind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0,
+void ContextPool::emit(PoolEvent::Kind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0,
                       std::uint64_t dur, OomClass oom, int code) {
   if (!observer_) return;
   PoolEvent e;
