@@ -1,5 +1,7 @@
 #include "process_memory.h"
 
+#include "budgeted_upstream.h"
+
 #include <algorithm>
 #include <iterator>
 #include <map>
@@ -11,111 +13,6 @@
 #include "units.h"
 
 namespace cupool {
-
-namespace {
-
-// One allocation's dealings with the shared budget (ProcessMemory::allocate makes one per call,
-// on its thread): the pool may ask for a chunk several times (a large one, then just what is
-// needed, then again after giving back its own free chunks), and the allocation waits for others
-// at most CUPOOL_SHARE_WAIT in all, not that long at every ask.
-struct ShareAsk {
-  std::size_t size = 0;           // what the program asked for
-  std::uint64_t deadline_ns = 0;  // set at the first wait
-};
-thread_local ShareAsk* t_share_ask = nullptr;
-
-// A context's upstream with the shared budget in front: a chunk (or, under the vmm policy, a run
-// of granules) is admitted before the driver is asked (and given back to the budget if the
-// driver refuses), and given back after the driver has it back. The budget's refusal is its own
-// status: the pool's out-of-memory class `share`.
-class BudgetedUpstream final : public Upstream {
- public:
-  BudgetedUpstream(Upstream& inner, SharedBudget& share, ContextMemory& c, std::uint64_t wait_ns, bool asks_smaller)
-      : inner_(inner), share_(share), c_(c), wait_ns_(wait_ns), asks_smaller_(asks_smaller) {}
-  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override {
-    return admitted(bytes, driver_code, [&] { return inner_.reserve(bytes, base, driver_code); });
-  }
-  // May be called with the pool's lock held (a chunk the pool could not take): no publish here.
-  void release(std::uint64_t base, std::size_t bytes) override {
-    inner_.release(base, bytes);
-    share_.release(c_.device, bytes);
-  }
-  void device_memory(std::size_t* total, std::size_t* free) override { inner_.device_memory(total, free); }
-  void synchronize() override { inner_.synchronize(); }
-  bool needs_fences() override { return inner_.needs_fences(); }
-  FenceId place_fence() override { return inner_.place_fence(); }
-  bool fence_retired(FenceId fence) override { return inner_.fence_retired(fence); }
-  void wait_fence(FenceId fence) override { inner_.wait_fence(fence); }
-  bool capturing() override { return inner_.capturing(); }
-  // The vmm policy's granules are admitted and given back as chunks are.
-  std::size_t vmm_granularity() override { return inner_.vmm_granularity(); }
-  UpstreamStatus reserve_address(std::size_t bytes, std::uint64_t* va) override {
-    return inner_.reserve_address(bytes, va);
-  }
-  void free_address(std::uint64_t va, std::size_t bytes) override { inner_.free_address(va, bytes); }
-  UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override {
-    return admitted(bytes, driver_code, [&] { return inner_.map(va, bytes, driver_code); });
-  }
-  void unmap(std::uint64_t va, std::size_t bytes) override {
-    inner_.unmap(va, bytes);
-    share_.release(c_.device, bytes);
-  }
-
- private:
-  std::uint64_t total() const { return c_.device_total; }
-  // Memory the budget admitted first, then taken from the driver (`take`); given back to the
-  // budget if the driver refuses.
-  template <class Take>
-  UpstreamStatus admitted(std::size_t bytes, int* driver_code, Take take) {
-    if (!admit(bytes)) {
-      *driver_code = 0;
-      return UpstreamStatus::share_exhausted;
-    }
-    const UpstreamStatus st = take();
-    if (st != UpstreamStatus::ok) share_.release(c_.device, bytes);
-    publish();
-    return st;
-  }
-  // No room: this process's own wholly free chunks go back first (they did not fit the request,
-  // but the room they free in the budget may). A growth chunk larger than the allocation needs is
-  // refused at once, since the pool then asks for just what it needs; that ask waits, and every
-  // wait of one allocation ends at one deadline.
-  bool admit(std::size_t bytes) {
-    if (share_.admit(c_.device, total(), bytes, 0)) return true;
-    if (c_.pool) c_.pool->trim();  // the pool's lock is not held while it reserves
-    ShareAsk* ask = t_share_ask;
-    constexpr std::uint64_t kChunk = ContextPool::kChunkGranularity;
-    if (ask && asks_smaller_ && bytes > (ask->size + kChunk - 1) / kChunk * kChunk)
-      return share_.admit(c_.device, total(), bytes, 0);
-    std::uint64_t wait = wait_ns_;
-    if (ask && wait > 0) {
-      const std::uint64_t now = EventClock::now();
-      if (ask->deadline_ns == 0) ask->deadline_ns = now > UINT64_MAX - wait ? UINT64_MAX : now + wait;  // saturated
-      wait = ask->deadline_ns > now ? ask->deadline_ns - now : 0;
-    }
-    return share_.admit(c_.device, total(), bytes, wait);
-  }
-  // What `cupool top` shows of this member: its figures at its last chunk taken (and at each
-  // give-back). Called without the pool's lock.
-  void publish() {
-    if (!c_.pool) return;
-    const PoolStats s = c_.pool->state();
-    share_.publish(c_.device, s.in_use + c_.pool->outside(), s.reserved + c_.pool->outside());
-  }
-
- public:
-  void publish_now() { publish(); }
-
- private:
-
-  Upstream& inner_;
-  SharedBudget& share_;
-  ContextMemory& c_;
-  const std::uint64_t wait_ns_;
-  const bool asks_smaller_;  // the growth policy: a refused chunk is asked for again, smaller
-};
-
-}  // namespace
 
 std::uint64_t ProcessMemory::device_total(const ContextMemory& c) { return c.device_total; }
 
@@ -238,13 +135,7 @@ void ProcessMemory::drop_if(const std::function<bool(const ContextMemory&)>& whi
 // ---- allocation ------------------------------------------------------------------------------
 
 AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state) {
-  ShareAsk ask{size};
-  ShareAsk* const outer = t_share_ask;
-  t_share_ask = &ask;
-  struct Restore {
-    ShareAsk* outer;
-    ~Restore() { t_share_ask = outer; }
-  } restore{outer};
+  const ShareAskScope ask(size);  // every budget wait of this allocation ends at one deadline
   AllocResult r = c.pool->allocate(size, state);
   if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state);  // kept VMM mappings first
   if (r.ptr == 0) {
@@ -451,7 +342,7 @@ void ProcessMemory::give_back() {
   for_each([this](ContextMemory& c) {
     c.pool->trim();
     vmm_evict(&c);
-    if (c.budgeted) static_cast<BudgetedUpstream*>(c.budgeted.get())->publish_now();
+    if (c.budgeted) c.budgeted->publish_now();
   });
 }
 

@@ -28,6 +28,8 @@
 
 namespace cupool {
 
+class BudgetedUpstream;  // budgeted_upstream.h
+
 // The memory of one device context. Records are never freed while the process runs: a thread may
 // still hold one whose context another thread has just destroyed.
 struct ContextMemory {
@@ -37,7 +39,7 @@ struct ContextMemory {
   Upstream* upstream = nullptr;  // owned by the caller
   std::unique_ptr<ContextPool> pool;
   // With a shared budget: the upstream the pool uses, which asks the budget before the driver.
-  std::unique_ptr<Upstream> budgeted;
+  std::unique_ptr<BudgetedUpstream> budgeted;
   std::uint64_t device_total = 0;  // the device's memory (set once, at creation): a percent budget's base
 };
 

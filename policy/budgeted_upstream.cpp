@@ -1,0 +1,37 @@
+#include "budgeted_upstream.h"
+
+#include "context_pool.h"
+#include "event_clock.h"
+
+namespace cupool {
+
+namespace {
+thread_local ShareAskScope* t_share_ask = nullptr;  // the innermost allocation of this thread
+}  // namespace
+
+ShareAskScope::ShareAskScope(std::size_t size_) : size(size_), outer_(t_share_ask) { t_share_ask = this; }
+ShareAskScope::~ShareAskScope() { t_share_ask = outer_; }
+
+bool BudgetedUpstream::admit(std::size_t bytes) {
+  if (share_.admit(c_.device, total(), bytes, 0)) return true;
+  if (c_.pool) c_.pool->trim();  // the pool's lock is not held while it reserves
+  ShareAskScope* ask = t_share_ask;
+  constexpr std::uint64_t kChunk = ContextPool::kChunkGranularity;
+  if (ask && asks_smaller_ && bytes > (ask->size + kChunk - 1) / kChunk * kChunk)
+    return share_.admit(c_.device, total(), bytes, 0);
+  std::uint64_t wait = wait_ns_;
+  if (ask && wait > 0) {
+    const std::uint64_t now = EventClock::now();
+    if (ask->deadline_ns == 0) ask->deadline_ns = now > UINT64_MAX - wait ? UINT64_MAX : now + wait;  // saturated
+    wait = ask->deadline_ns > now ? ask->deadline_ns - now : 0;
+  }
+  return share_.admit(c_.device, total(), bytes, wait);
+}
+
+void BudgetedUpstream::publish() {
+  if (!c_.pool) return;
+  const PoolStats s = c_.pool->state();
+  share_.publish(c_.device, s.in_use + c_.pool->outside(), s.reserved + c_.pool->outside());
+}
+
+}  // namespace cupool
