@@ -318,14 +318,16 @@ if wanted("inflight"):
 # ---- Issue 3: pair cost ---------------------------------------------------------------------
 if wanted("bench"):
     exe = os.path.join(BIN, "bench_alloc")
-    runs = [run("bench-driver", [exe, "malloc", "driver cudaMalloc+cudaFree"]),
-            run("bench-async", [exe, "async", "cudaMallocAsync+cudaFreeAsync"])]
+    # Its own list: run() already adds each run to `runs` (binding `runs` here dropped the earlier
+    # groups' runs from the results, and appending to it listed each cupool run twice).
+    bench_runs = [run("bench-driver", [exe, "malloc", "driver cudaMalloc+cudaFree"]),
+                  run("bench-async", [exe, "async", "cudaMallocAsync+cudaFreeAsync"])]
     for free in ("deferred", "sync"):
-        runs.append(run(f"bench-cupool-{free}-trace-off", [exe, "malloc", f"cupool growth {free}, trace off"],
-                        shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE": ""}))
-        runs.append(run(f"bench-cupool-{free}-trace-on", [exe, "malloc", f"cupool growth {free}, trace on"],
-                        shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE_BUFFER": "1048576"}))
-    for r in runs:
+        bench_runs.append(run(f"bench-cupool-{free}-trace-off", [exe, "malloc", f"cupool growth {free}, trace off"],
+                              shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE": ""}))
+        bench_runs.append(run(f"bench-cupool-{free}-trace-on", [exe, "malloc", f"cupool growth {free}, trace on"],
+                              shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free, "CUPOOL_TRACE_BUFFER": "1048576"}))
+    for r in bench_runs:
         check(f'{r["name"]}: ran and measured', r["rc"] == 0 and last_json(r).get("median_ns") is not None)
 
 # ---- Issue 3: pair cost, alternating rounds (the host's noise moves single runs by 50 ns) --------
@@ -800,6 +802,9 @@ if wanted("peer"):
 check_transformer_losses()
 
 tag = "-".join(sorted(ONLY)) if ONLY else "all"
+# Each run once, in order, however a group's code listed it (a run appended to `runs` again by its
+# group would otherwise be written twice).
+runs = list({id(r): r for r in runs}.values())
 with open(os.path.join(OUT, f"results-{tag}.json"), "w") as f:
     json.dump({"header": HEADER, "checks": checks, "runs": runs}, f, indent=1)
 
