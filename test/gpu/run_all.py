@@ -373,7 +373,7 @@ if wanted("quarantine"):
     nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     # Like for like: every cupool row has the same workload without cupool beside it (the caching
     # allocator with the same side stream, and every tensor through the driver).
-    runs = [
+    group_runs = [
         run("quarantine-torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
         run("quarantine-torch-caching-sidestream-nocupool", side, {"MODE": "caching, side stream"}),
         run("quarantine-torch-nocache-deferred", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache+cupool deferred"),
@@ -383,8 +383,8 @@ if wanted("quarantine"):
         run("quarantine-torch-nocache-sidestream-sync", side, dict(nocache, MODE="side stream, sync"),
             shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}),
     ]
-    transformer_runs(*runs)
-    for r in runs:
+    transformer_runs(*group_runs)
+    for r in group_runs:
         t = r.get("trace") or {}
         r["quarantine"] = {"step_ms": parse_float(r"step=([\d.]+) ms", r["stdout"]),
                            "loss": parse_float(r"loss=([\d.]+)", r["stdout"]),
@@ -399,7 +399,7 @@ if wanted("vmm"):
     JAX_VMM = [PY, os.path.join(HERE, "jax_vmm_check.py")]
     det = {"XLA_FLAGS": "--xla_gpu_autotune_level=0 --xla_gpu_deterministic_ops=true"}
     platform = dict(det, XLA_PYTHON_CLIENT_ALLOCATOR="platform")
-    runs = [
+    group_runs = [
         run("vmm-jax-bfc-nocupool", JAX_VMM, dict(det, MODE="bfc")),
         run("vmm-jax-platform-nocupool", JAX_VMM, dict(platform, MODE="platform")),
         run("vmm-jax-platform-growth-deferred", JAX_VMM, dict(platform, MODE="platform+cupool deferred"),
@@ -410,14 +410,14 @@ if wanted("vmm"):
             shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred", "CUPOOL_VMM_CACHE": "off"}),
     ]
     outs = []
-    for r in runs:
+    for r in group_runs:
         last = [l for l in r["stdout"].splitlines() if l.startswith("{")]
         outs.append(json.loads(last[-1]) if last else {})
     ref = outs[0].get("digest")
-    for r, o in zip(runs[1:], outs[1:]):
+    for r, o in zip(group_runs[1:], outs[1:]):
         check(f'{r["name"]}: same weights as BFC', r["rc"] == 0 and o.get("digest") is not None and o.get("digest") == ref,
               f'{o.get("digest")} vs {ref}')
-    for r, o in zip(runs, outs):
+    for r, o in zip(group_runs, outs):
         r["vmm_check"] = {"step_ms": o.get("step_ms"), "digest": o.get("digest"), "same_as_bfc": o.get("digest") == ref,
                           "vs_bfc": round(o["step_ms"] / outs[0]["step_ms"], 2) if o.get("step_ms") and outs[0].get("step_ms") else None}
         t = r.get("trace")
@@ -438,7 +438,7 @@ if wanted("xlasync"):
     platform = dict(det, XLA_PYTHON_CLIENT_ALLOCATOR="platform")
     sync = {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}
     deferred = {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}
-    runs = [
+    group_runs = [
         run("xlasync-bfc-dispatch", JAX_VMM + ["dispatch"], dict(det, MODE="bfc")),
         run("xlasync-platform-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform")),
         run("xlasync-platform-sync-dispatch", JAX_VMM + ["dispatch"], dict(platform, MODE="platform+cupool sync"),
@@ -447,7 +447,7 @@ if wanted("xlasync"):
             shim=deferred),
     ]
     for i in (1, 2, 3):  # alternating rounds: the host's noise moves single runs
-        runs += [
+        group_runs += [
             run(f"xlasync{i}-bfc-step", JAX_VMM, dict(det, MODE="bfc")),
             run(f"xlasync{i}-bfc-serial", JAX_VMM + ["serial"], dict(det, MODE="bfc")),
             run(f"xlasync{i}-platform-sync-step", JAX_VMM, dict(platform, MODE="platform+cupool sync"), shim=sync),
@@ -456,7 +456,7 @@ if wanted("xlasync"):
             # XLA's own BFC pool under cupool: the cap and honest memory info at BFC's speed
             run(f"xlasync{i}-bfc-growth-step", JAX_VMM, dict(det, MODE="bfc+cupool growth"), shim=deferred),
         ]
-    for r in runs:
+    for r in group_runs:
         last = [l for l in r["stdout"].splitlines() if l.startswith("{")]
         r["xlasync"] = json.loads(last[-1]) if last else {}
         print(f"   {r['name']}: {r['xlasync']}", flush=True)
