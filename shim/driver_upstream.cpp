@@ -1,3 +1,4 @@
+// DriverUpstream: the Upstream of a pool on a real device (driver_upstream.h).
 #include "driver_upstream.h"
 
 #include <algorithm>
@@ -6,32 +7,6 @@
 #include "streams.h"
 
 namespace cupool::shim {
-
-const DriverCalls& driver() {
-  static const DriverCalls calls = [] {
-    DriverCalls c;
-    auto get = [](auto& slot, const char* name) {
-      slot = reinterpret_cast<std::remove_reference_t<decltype(slot)>>(driver_function(name));
-      return slot != nullptr;
-    };
-    c.ok = get(c.ctx_get_current, "cuCtxGetCurrent") & get(c.ctx_get_device, "cuCtxGetDevice") &
-           get(c.ctx_synchronize, "cuCtxSynchronize") & get(c.ctx_push, "cuCtxPushCurrent_v2") &
-           get(c.ctx_pop, "cuCtxPopCurrent_v2") & get(c.device_get_name, "cuDeviceGetName") &
-           get(c.device_total_mem, "cuDeviceTotalMem_v2") &
-           get(c.primary_ctx_retain, "cuDevicePrimaryCtxRetain") &
-           get(c.primary_ctx_release, "cuDevicePrimaryCtxRelease_v2") &
-           get(c.stream_query, "cuStreamQuery") & get(c.event_create, "cuEventCreate") &
-           get(c.event_record, "cuEventRecord") &
-           get(c.event_query, "cuEventQuery") & get(c.event_synchronize, "cuEventSynchronize") &
-           get(c.event_destroy, "cuEventDestroy_v2");
-    get(c.thread_exchange_capture_mode, "cuThreadExchangeStreamCaptureMode");
-    get(c.stream_is_capturing, "cuStreamIsCapturing");
-    get(c.device_get_graph_mem_attribute, "cuDeviceGetGraphMemAttribute");
-    get(c.mem_get_allocation_granularity, "cuMemGetAllocationGranularity");
-    return c;
-  }();
-  return calls;
-}
 
 namespace {
 // Makes `ctx` current for a scope if it is not: a free may come from a thread with another

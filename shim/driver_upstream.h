@@ -10,35 +10,10 @@
 #include <vector>
 
 #include "cuda_api.h"
+#include "driver_calls.h"
 #include "upstream.h"
 
 namespace cupool::shim {
-
-// The driver functions cupool calls itself, found once.
-struct DriverCalls {
-  decltype(&::cuCtxGetCurrent) ctx_get_current = nullptr;
-  decltype(&::cuCtxGetDevice) ctx_get_device = nullptr;
-  decltype(&::cuCtxSynchronize) ctx_synchronize = nullptr;
-  decltype(&::cuCtxPushCurrent_v2) ctx_push = nullptr;
-  decltype(&::cuCtxPopCurrent_v2) ctx_pop = nullptr;
-  decltype(&::cuDeviceGetName) device_get_name = nullptr;
-  decltype(&::cuDeviceTotalMem_v2) device_total_mem = nullptr;
-  decltype(&::cuDevicePrimaryCtxRetain) primary_ctx_retain = nullptr;
-  decltype(&::cuDevicePrimaryCtxRelease_v2) primary_ctx_release = nullptr;
-  decltype(&::cuStreamQuery) stream_query = nullptr;
-  decltype(&::cuEventCreate) event_create = nullptr;
-  decltype(&::cuEventRecord) event_record = nullptr;
-  decltype(&::cuEventQuery) event_query = nullptr;
-  decltype(&::cuEventSynchronize) event_synchronize = nullptr;
-  decltype(&::cuEventDestroy_v2) event_destroy = nullptr;
-  bool ok = false;  // every function above was found
-  // Optional (nullptr where the driver lacks them).
-  decltype(&::cuThreadExchangeStreamCaptureMode) thread_exchange_capture_mode = nullptr;
-  decltype(&::cuStreamIsCapturing) stream_is_capturing = nullptr;
-  decltype(&::cuDeviceGetGraphMemAttribute) device_get_graph_mem_attribute = nullptr;
-  decltype(&::cuMemGetAllocationGranularity) mem_get_allocation_granularity = nullptr;
-};
-const DriverCalls& driver();
 
 class DriverUpstream final : public Upstream {
  public:

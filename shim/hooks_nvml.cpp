@@ -7,6 +7,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "driver_calls.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
 #include "hooks_memory.h"
@@ -45,19 +46,6 @@ bool parse_uuid(const char* text, unsigned char out[16]) {
   return n == 16 && high < 0;
 }
 
-// The driver calls that name devices, real ones (cupool hooks none of them). cuDeviceGetUuid_v2
-// (CUDA 11.4) gives a MIG instance's own UUID, as NVML does; the plain one the whole GPU's.
-struct DeviceCalls {
-  using GetUuid = CUresult (*)(CUuuid*, CUdevice);
-  decltype(&::cuDeviceGetCount) get_count = reinterpret_cast<decltype(get_count)>(driver_function("cuDeviceGetCount"));
-  decltype(&::cuDeviceGet) get = reinterpret_cast<decltype(get)>(driver_function("cuDeviceGet"));
-  GetUuid get_uuid = find_get_uuid();
-  static GetUuid find_get_uuid() {
-    if (void* fn = driver_function("cuDeviceGetUuid_v2")) return reinterpret_cast<GetUuid>(fn);
-    return reinterpret_cast<GetUuid>(driver_function("cuDeviceGetUuid"));
-  }
-};
-
 // The CUDA device NVML's `device` is, or -1. `via`: the hook being served (its real function's
 // library is the NVML the process loaded).
 int cuda_device_of(nvmlDevice_t device, HookId via) {
@@ -67,13 +55,17 @@ int cuda_device_of(nvmlDevice_t device, HookId via) {
   unsigned char want[16];
   if (nvml_uuid == nullptr || nvml_uuid(device, text, sizeof text) != NVML_SUCCESS || !parse_uuid(text, want))
     return -1;
-  static const DeviceCalls calls;
+  // The driver calls that name devices, real ones (cupool hooks none of them); a MIG instance's
+  // own UUID (cuDeviceGetUuid_v2) where the driver has it, as NVML gives.
+  const DriverCalls& calls = driver();
+  const auto get_uuid = calls.device_get_uuid_v2 ? calls.device_get_uuid_v2 : calls.device_get_uuid;
   int count = 0;
-  if (!calls.get_count || !calls.get || !calls.get_uuid || calls.get_count(&count) != CUDA_SUCCESS) return -1;
+  if (!calls.device_get_count || !calls.device_get || !get_uuid || calls.device_get_count(&count) != CUDA_SUCCESS)
+    return -1;
   for (int i = 0; i < count; ++i) {
     CUdevice d = 0;
     CUuuid uuid;
-    if (calls.get(&d, i) == CUDA_SUCCESS && calls.get_uuid(&uuid, d) == CUDA_SUCCESS &&
+    if (calls.device_get(&d, i) == CUDA_SUCCESS && get_uuid(&uuid, d) == CUDA_SUCCESS &&
         std::memcmp(uuid.bytes, want, sizeof want) == 0)
       return d;
   }

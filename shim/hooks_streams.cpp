@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "driver_calls.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
 #include "log.h"
@@ -122,8 +123,7 @@ CUresult end_capture(CUstream stream, Call&& call) {
 // The context a stream belongs to, which need not be the calling thread's (a capture may begin on
 // a stream of another context): the driver's answer; the thread's for the default streams.
 CUcontext stream_context(CUstream stream) {
-  using GetCtx = CUresult (*)(CUstream, CUcontext*);
-  static const auto get_ctx = reinterpret_cast<GetCtx>(driver_function("cuStreamGetCtx"));
+  const auto get_ctx = driver().stream_get_ctx;
   CUcontext ctx = nullptr;
   if (stream != nullptr && stream != CU_STREAM_LEGACY && stream != CU_STREAM_PER_THREAD && get_ctx &&
       get_ctx(stream, &ctx) == CUDA_SUCCESS && ctx != nullptr)
