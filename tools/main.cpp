@@ -1,5 +1,7 @@
-// cupool: run a program under libcupool.so, read its traces back (report, replay, export), and
-// watch the budgets processes share (top, metrics).
+// The cupool command's entry point: one table of its subcommands, from which both `cupool --help`
+// and the dispatch come, and what each exit status means. The subcommands run a program under
+// libcupool.so, read its traces back (report, replay, export), and watch the budgets processes
+// share (top, metrics).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -17,22 +19,36 @@
 
 namespace {
 
-const char* const kMainHelp =
-    "usage: cupool COMMAND [OPTIONS...]\n"
-    "\n"
-    "  run      run a program with libcupool.so preloaded, then print a summary\n"
-    "  report   peaks, fragmentation, latency, counts and out-of-memory events of traces (text, --json, --html)\n"
-    "  replay   drive a trace's allocations through policies on a simulated device\n"
-    "  export   convert a trace: Perfetto (--perfetto), PyTorch's memory_viz (--memory-viz), RMM's log (--rmm-csv)\n"
-    "  top      the shared budgets on this node: who holds what, live (CUPOOL_SHARE)\n"
-    "  metrics  the same figures for Prometheus: stdout, a textfile, or HTTP (--listen)\n"
-    "\n"
-    "  cupool COMMAND --help   the options of one command\n"
-    "  cupool --version        the version\n";
+// The subcommands, in the order `cupool --help` lists them; run_command finds them by name.
+struct Command {
+  const char* name;
+  const char* summary;  // its line in `cupool --help`
+  int (*run)(const std::vector<std::string>& args);
+};
+const Command kCommands[] = {
+    {"run", "run a program with libcupool.so preloaded, then print a summary", cupool::tools::cmd_run},
+    {"report", "peaks, fragmentation, latency, counts and out-of-memory events of traces (text, --json, --html)",
+     cupool::tools::cmd_report},
+    {"replay", "drive a trace's allocations through policies on a simulated device", cupool::tools::cmd_replay},
+    {"export", "convert a trace: Perfetto (--perfetto), PyTorch's memory_viz (--memory-viz), RMM's log (--rmm-csv)",
+     cupool::tools::cmd_export},
+    {"top", "the shared budgets on this node: who holds what, live (CUPOOL_SHARE)", cupool::tools::cmd_top},
+    {"metrics", "the same figures for Prometheus: stdout, a textfile, or HTTP (--listen)", cupool::tools::cmd_metrics},
+};
 
-}  // namespace
-
-namespace {
+std::string main_help() {
+  std::size_t width = 0;
+  for (const Command& c : kCommands) width = std::max(width, std::strlen(c.name));
+  std::string help = "usage: cupool COMMAND [OPTIONS...]\n\n";
+  for (const Command& c : kCommands)
+    help += "  " + std::string(c.name) + std::string(width - std::strlen(c.name) + 2, ' ') + c.summary + "\n";
+  return help +
+         "\n"
+         "  cupool COMMAND --help   the options of one command\n"
+         "  cupool --version        the version\n";
+}
+const std::string g_main_help = main_help();
+const char* const kMainHelp = g_main_help.c_str();
 
 int run_command(const std::string& command, const std::vector<std::string>& args) {
   using namespace cupool::tools;
@@ -46,12 +62,8 @@ int run_command(const std::string& command, const std::vector<std::string>& args
     return kExitOk;
   }
   try {
-    if (command == "run") return cmd_run(args);
-    if (command == "report") return cmd_report(args);
-    if (command == "replay") return cmd_replay(args);
-    if (command == "export") return cmd_export(args);
-    if (command == "top") return cmd_top(args);
-    if (command == "metrics") return cmd_metrics(args);
+    for (const Command& c : kCommands)
+      if (command == c.name) return c.run(args);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cupool %s: %s\n", command.c_str(), e.what());
     return kExitInternal;
