@@ -71,7 +71,6 @@ void log_init(std::string_view level) {
   (void)logger();
 }
 
-void log_trace(std::string_view m) { log_at(spdlog::level::trace, m); }
 void log_debug(std::string_view m) { log_at(spdlog::level::debug, m); }
 void log_info(std::string_view m) { log_at(spdlog::level::info, m); }
 void log_warn(std::string_view m) {

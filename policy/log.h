@@ -11,9 +11,8 @@ namespace cupool {
 // means info. Safe to call again; messages logged before the first call use info.
 void log_init(std::string_view level);
 
-// "cupool: <message>" for trace, debug and info; "cupool: warning: ..." and "cupool: error: ...".
+// "cupool: <message>" for debug and info; "cupool: warning: ..." and "cupool: error: ...".
 // Each line reaches stderr in one write(2): no lock, no stdio, safe across fork.
-void log_trace(std::string_view message);
 void log_debug(std::string_view message);
 void log_info(std::string_view message);
 // Out-of-memory warnings (a message that begins "out of memory") are rate-limited: a program that

@@ -1,7 +1,6 @@
 #include "shim_state.h"
 
 #include <pthread.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -21,6 +20,7 @@
 #include "process_memory.h"
 #include "stack_capture.h"
 #include "streams.h"
+#include "thread_id.h"
 #include "trace_writer.h"
 
 extern char** environ;
@@ -291,7 +291,7 @@ std::function<void(ContextMemory&)> dropping(const char* api) {
       r.kind = trace::EventKind::context_reset;
       r.api = api;
       r.device = static_cast<std::int16_t>(cp.device);
-      r.tid = static_cast<std::uint32_t>(syscall(SYS_gettid));
+      r.tid = current_thread_id();
       emit(r);
     }
   };

@@ -185,13 +185,6 @@ void LatencyHistogram::add(std::uint64_t ns, std::uint64_t calls) {
   min_ = std::min(min_, ns);
 }
 
-void LatencyHistogram::merge(const LatencyHistogram& o) {
-  for (int i = 0; i < kBuckets; ++i) buckets_[static_cast<std::size_t>(i)] += o.buckets_[static_cast<std::size_t>(i)];
-  count_ += o.count_;
-  max_ = std::max(max_, o.max_);
-  min_ = std::min(min_, o.min_);
-}
-
 std::uint64_t LatencyHistogram::quantile(double q) const {
   if (count_ == 0) return 0;
   auto rank = static_cast<std::uint64_t>(q * static_cast<double>(count_));

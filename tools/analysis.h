@@ -95,7 +95,6 @@ class LatencyHistogram {
  public:
   static constexpr int kBuckets = 976;
   void add(std::uint64_t ns, std::uint64_t calls = 1);  // `calls` calls took about `ns` each
-  void merge(const LatencyHistogram& other);
   std::uint64_t count() const { return count_; }
   std::uint64_t max() const { return max_; }
   std::uint64_t min() const { return count_ ? min_ : 0; }
