@@ -1,3 +1,5 @@
+// cupool's messages (log.h) written out: the level filter, the "cupool" spdlog logger with its
+// one-write(2)-per-line stderr sink, and the rate limit of out-of-memory warnings.
 #include "log.h"
 
 #include <spdlog/details/null_mutex.h>

@@ -1,3 +1,5 @@
+// The shim's process-wide state (shim_state.h): configuration, the trace writer and the process's
+// memory, and how each is set up and torn down.
 #include "shim_state.h"
 
 #include <pthread.h>

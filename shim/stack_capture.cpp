@@ -1,3 +1,4 @@
+// CUPOOL_TRACE_STACKS: capturing an allocation's native call stack for the trace (stack_capture.h).
 #include "stack_capture.h"
 
 #include <link.h>

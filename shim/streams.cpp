@@ -1,3 +1,4 @@
+// The shim's record of the process's streams and stream captures (streams.h).
 #include "streams.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// Folding trace events into what the tools show (analysis.h): the per process and device fold,
+// peaks, fragmentation, latency histograms, counts and out-of-memory events.
 #include "analysis.h"
 
 #include <algorithm>

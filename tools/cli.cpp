@@ -1,3 +1,4 @@
+// What every cupool subcommand shares (cli.h): argument parsing, sizes and durations.
 #include "cli.h"
 
 #include <unistd.h>

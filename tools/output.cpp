@@ -1,3 +1,4 @@
+// Where the cupool command writes (output.h): output files replaced whole, and standard output.
 #include "output.h"
 
 #include <sys/stat.h>

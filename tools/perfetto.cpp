@@ -1,3 +1,4 @@
+// `cupool export --perfetto`: traces as Chrome trace event JSON (perfetto.h).
 #include "perfetto.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// The small writer of Python pickles (pickle_writer.h) for `cupool export --memory-viz`.
 #include "pickle_writer.h"
 
 #include <bit>

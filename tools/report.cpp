@@ -1,3 +1,4 @@
+// `cupool report` output (report.h): text, JSON and the HTML page, from one Analysis.
 #include "report.h"
 
 #include <algorithm>

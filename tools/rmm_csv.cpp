@@ -1,3 +1,4 @@
+// `cupool export --rmm-csv`: traces as the log RMM's logging_resource_adaptor writes (rmm_csv.h).
 #include "rmm_csv.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// What `cupool top` and `cupool metrics` show (share_view.h): the shared budgets read from their
+// segments, as text, JSON and Prometheus metrics.
 #include "share_view.h"
 
 #include <dirent.h>

@@ -1,3 +1,4 @@
+// SimUpstream (sim_upstream.h): the simulated device of tests and `cupool replay`.
 #include "sim_upstream.h"
 
 #include <algorithm>

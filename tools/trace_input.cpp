@@ -1,3 +1,4 @@
+// One trace file opened for reading (trace_input.h): the streaming reader and its header.
 #include "trace_input.h"
 
 #include <sys/stat.h>
