@@ -1,3 +1,4 @@
+// The CUPOOL_* options (options.h): their table, parsers, checks and descriptions.
 #include "options.h"
 
 #include <fmt/format.h>
@@ -9,6 +10,8 @@
 #include <charconv>
 #include <cstring>
 #include <limits>
+
+#include "quoted_string.h"
 
 namespace cupool {
 namespace {
@@ -35,7 +38,7 @@ bool is_digit(char c) { return c >= '0' && c <= '9'; }
 // of valid UTF-8 whatever the value holds (newlines, control characters, bytes that are not UTF-8).
 std::string quoted(std::string_view s) {
   std::string out;
-  append_json_string(out, s);
+  append_quoted(out, s);
   return out;
 }
 
@@ -88,7 +91,7 @@ bool scale(const Decimal& d, std::uint64_t unit, std::uint64_t& out) {
 
 }  // namespace
 
-const std::string_view kSizeAccepted =
+constexpr std::string_view kSizeAccepted =
     "bytes, or a number (fractions allowed) with B, K, KB, KiB, M, MB, MiB, G, GB, GiB, T, TB, TiB "
     "(all 1024-based)";
 
@@ -126,7 +129,7 @@ bool parse_size(std::string_view v, std::uint64_t& out, std::string& why) {
   return false;
 }
 
-const std::string_view kDurationAccepted = "a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)";
+constexpr std::string_view kDurationAccepted = "a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)";
 
 bool parse_duration(std::string_view v, std::uint64_t& ns, std::string& why) {
   v = trim(v);
@@ -435,33 +438,6 @@ std::string format_duration(std::uint64_t ns) {
   return fmt::format("{}ns", ns);
 }
 
-void append_size_json(std::string& out, const SizeSpec& s);
-
-// A LimitSpec as the header writes it: null, or {"all": size|null, "devices": {"1": size}}.
-void append_limit_json(std::string& out, const LimitSpec& l) {
-  if (!l.all && l.per_device.empty()) {
-    out += "null";
-    return;
-  }
-  out += "{\"all\":";
-  if (l.all) append_size_json(out, *l.all);
-  else out += "null";
-  out += ",\"devices\":{";
-  bool first = true;
-  for (const auto& [d, s] : l.per_device) {
-    if (!first) out += ',';
-    first = false;
-    out += fmt::format("\"{}\":", d);
-    append_size_json(out, s);
-  }
-  out += "}}";
-}
-
-void append_size_json(std::string& out, const SizeSpec& s) {
-  if (s.is_percent()) out += fmt::format("{{\"percent\":{}}}", s.percent);
-  else out += fmt::format("{{\"bytes\":{}}}", s.bytes);
-}
-
 constexpr std::string_view kPolicyNames[] = {"growth", "preallocate", "passthrough", "vmm"};
 constexpr std::string_view kFreeNames[] = {"sync", "deferred"};
 
@@ -480,73 +456,76 @@ std::optional<FreeMode> free_mode_named(std::string_view name) {
   return std::nullopt;
 }
 
-namespace {
-
-}  // namespace
-
 // clang-format off
-const std::array<OptionInfo, kOptionCount> kOptions = {{
-  {"CUPOOL_POLICY", "enum", "growth", "growth, preallocate, passthrough, vmm",
+constexpr std::array<OptionInfo, kOptionCount> kOptions = {{
+  {Option::policy, "CUPOOL_POLICY", "enum", "growth", "growth, preallocate, passthrough, vmm",
    "How device memory is managed: a pool that grows in chunks, one up-front reservation, no pool (trace only), or one virtual range per device with memory mapped behind it in granules (the driver's mapping granularity) as blocks need it, wholly free granules unmapped where the mapped bytes would pass the most ever in blocks by more than 1/40, and when memory is short or asked back (reserved follows in use; its blocks cannot be shared over CUDA IPC).",
    parse_policy},
-  {"CUPOOL_FREE", "enum", "deferred", "sync, deferred",
+  {Option::free, "CUPOOL_FREE", "enum", "deferred", "sync, deferred",
    "When freed memory may be reused: after a device synchronize at the free, as cudaFree does (the free waits for all device work), or once a fence placed after the free has retired (a free never waits; an allocation may wait for old fences when much is held).",
    parse_free},
-  {"CUPOOL_LIMIT", "size or percent, per device", "none",
+  {Option::limit, "CUPOOL_LIMIT", "size or percent, per device", "none",
    "a size (8GiB) or percent of device memory (50%); per device 0:8GiB,1:50%; an entry without a device prefix applies to the other devices (8GiB,1:4GiB)",
    "The most device memory the process may hold on a device; beyond it allocations fail with out-of-memory.",
    parse_limit},
-  {"CUPOOL_PREALLOCATE", "size or percent", "75%", "a size of at least 2MiB (12GiB) or percent of device memory (75%)",
+  {Option::preallocate, "CUPOOL_PREALLOCATE", "size or percent", "75%", "a size of at least 2MiB (12GiB) or percent of device memory (75%)",
    "What the preallocate policy reserves on a device when it is first used (capped by CUPOOL_LIMIT).",
    parse_preallocate},
-  {"CUPOOL_PREALLOCATE_GROW", "bool", "false", "true, false (or 1, 0)",
+  {Option::preallocate_grow, "CUPOOL_PREALLOCATE_GROW", "bool", "false", "true, false (or 1, 0)",
    "May the preallocate policy take more chunks once its reservation is full (within CUPOOL_LIMIT)?",
    parse_preallocate_grow},
-  {"CUPOOL_GROWTH_CHUNK", "size", "32MiB", kSizeAccepted,
+  {Option::growth_chunk, "CUPOOL_GROWTH_CHUNK", "size", "32MiB", kSizeAccepted,
    "The first chunk the growth policy takes from the driver; each later chunk doubles, up to CUPOOL_GROWTH_CHUNK_MAX.",
    parse_growth_chunk},
-  {"CUPOOL_GROWTH_CHUNK_MAX", "size", "512MiB", kSizeAccepted,
+  {Option::growth_chunk_max, "CUPOOL_GROWTH_CHUNK_MAX", "size", "512MiB", kSizeAccepted,
    "The largest growth chunk; when unset and smaller than CUPOOL_GROWTH_CHUNK, it is raised to it.",
    parse_growth_chunk_max},
-  {"CUPOOL_RELEASE", "duration", "never", "never, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
+  {Option::release, "CUPOOL_RELEASE", "duration", "never", "never, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
    "Give a chunk back to the driver once it has been entirely free this long (growth and preallocate; the vmm policy unmaps its granules by its own rule).",
    parse_release},
-  {"CUPOOL_THREAD_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
+  {Option::thread_cache, "CUPOOL_THREAD_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
    "Keep each thread's freed blocks for its next allocation of the same size, without the pool's lock (given back to the pool before it grows or refuses). Off while CUPOOL_RELEASE is set.",
    parse_thread_cache},
-  {"CUPOOL_VMM_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
+  {Option::vmm_cache, "CUPOOL_VMM_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
    "Keep whole virtual-memory mappings (cuMemCreate + cuMemAddressReserve + cuMemMap) the program frees and hand them back when it asks for the same size again, with no driver call (every policy but passthrough).",
    parse_vmm_cache},
-  {"CUPOOL_SHARE", "name", "unset (no shared budget)", "1 to 64 letters, digits, '-', '_' or '.'",
+  {Option::share, "CUPOOL_SHARE", "name", "unset (no shared budget)", "1 to 64 letters, digits, '-', '_' or '.'",
    "Draw device memory from a budget shared by every process on the node that names it (CUPOOL_SHARE_LIMIT); the process's own CUPOOL_LIMIT still holds.",
    parse_share},
-  {"CUPOOL_SHARE_LIMIT", "size or percent, per device", "none",
+  {Option::share_limit, "CUPOOL_SHARE_LIMIT", "size or percent, per device", "none",
    "as CUPOOL_LIMIT: 60GiB, 50%, 0:60GiB,1:40GiB",
    "The shared budget per device; every member of a budget gives the same value.",
    parse_share_limit},
-  {"CUPOOL_SHARE_WAIT", "duration", "0", "0, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
+  {Option::share_wait, "CUPOOL_SHARE_WAIT", "duration", "0", "0, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
    "How long an allocation that does not fit in the shared budget waits for other members to give memory back before it fails with out-of-memory (class share).",
    parse_share_wait},
-  {"CUPOOL_SHARE_ACCESS", "enum", "user", "user, group",
+  {Option::share_access, "CUPOOL_SHARE_ACCESS", "enum", "user", "user, group",
    "Who may join the budget: processes of the same user (the segment is 0600), or of the same group (0660).",
    parse_share_access},
-  {"CUPOOL_TRACE", "path", "unset (no trace)", "a file path; %p becomes the process id, %% a single %",
+  {Option::trace, "CUPOOL_TRACE", "path", "unset (no trace)", "a file path; %p becomes the process id, %% a single %",
    "Write a JSON Lines trace of every device allocation to this file (docs/trace-format.md).",
    parse_trace},
-  {"CUPOOL_TRACE_FLUSH_MS", "integer (ms)", "100", "a whole number of milliseconds from 1 to 60000",
+  {Option::trace_flush_ms, "CUPOOL_TRACE_FLUSH_MS", "integer (ms)", "100", "a whole number of milliseconds from 1 to 60000",
    "The trace is written to the file at least this often, and when the process exits.",
    parse_trace_flush_ms},
-  {"CUPOOL_TRACE_BUFFER", "integer (events)", "16384", "a whole number from 16 to 4194304 (rounded up to a power of two)",
+  {Option::trace_buffer, "CUPOOL_TRACE_BUFFER", "integer (events)", "16384", "a whole number from 16 to 4194304 (rounded up to a power of two)",
    "Trace events buffered per thread; when a thread's buffer is full, its events are counted as dropped.",
    parse_trace_buffer},
-  {"CUPOOL_TRACE_STACKS", "sampling", "off", "off, on (one allocation in 64), all, or a whole number N from 1 to 1000000 (one allocation in N)",
+  {Option::trace_stacks, "CUPOOL_TRACE_STACKS", "sampling", "off", "off, on (one allocation in 64), all, or a whole number N from 1 to 1000000 (one allocation in N)",
    "Record the native call stack of allocations in the trace, chosen at random: one in N (cupool report shows them beside the largest allocations; export --memory-viz carries them as frames). Each stack costs microseconds (docs/performance.md).",
    parse_trace_stacks},
-  {"CUPOOL_LOG_LEVEL", "enum", "info", "trace, debug, info, warn, error, off",
+  {Option::log_level, "CUPOOL_LOG_LEVEL", "enum", "info", "trace, debug, info, warn, error, off",
    "The least severe message cupool writes to stderr.",
    parse_log_level},
 }};
 // clang-format on
+static_assert(
+    [] {
+      for (std::size_t i = 0; i < kOptionCount; ++i)
+        if (kOptions[i].id != static_cast<Option>(i)) return false;
+      return true;
+    }(),
+    "kOptions: one row per Option, in the enum's order");
 
 std::variant<Config, OptionError> parse_options(const std::function<const char*(const char*)>& lookup) {
   Config config;
@@ -558,21 +537,21 @@ std::variant<Config, OptionError> parse_options(const std::function<const char*(
     const std::string_view value(raw);
     if (auto why = option.parse(value, config)) {
       std::string message = "cupool: " + name + "=";
-      append_json_string(message, value);
+      append_quoted(message, value);
       message += " is not valid";
       if (!why->empty()) message += ": " + *why;
       message += "; accepted: ";
       message += option.accepted;
       return OptionError{name, std::move(message)};
     }
-    if (option.name == "CUPOOL_GROWTH_CHUNK_MAX") chunk_max_set = true;
+    if (option.id == Option::growth_chunk_max) chunk_max_set = true;
   }
   if (config.growth_chunk_max < config.growth_chunk) {
     if (!chunk_max_set) {
       config.growth_chunk_max = config.growth_chunk;
     } else {
       std::string message = "cupool: CUPOOL_GROWTH_CHUNK_MAX=";
-      append_json_string(message, lookup("CUPOOL_GROWTH_CHUNK_MAX"));
+      append_quoted(message, lookup("CUPOOL_GROWTH_CHUNK_MAX"));
       message += fmt::format(" is not valid: it is less than CUPOOL_GROWTH_CHUNK ({}); accepted: a size at least CUPOOL_GROWTH_CHUNK",
                              format_size(config.growth_chunk));
       return OptionError{"CUPOOL_GROWTH_CHUNK_MAX", std::move(message)};
@@ -584,7 +563,7 @@ std::variant<Config, OptionError> parse_options(const std::function<const char*(
       const char* v = lookup(name);
       if (v == nullptr || *v == '\0') continue;
       std::string message = std::string("cupool: ") + name + "=";
-      append_json_string(message, v);
+      append_quoted(message, v);
       message += " is not valid: it applies to a shared budget, and CUPOOL_SHARE is not set; accepted: set CUPOOL_SHARE too";
       return OptionError{name, std::move(message)};
     }
@@ -670,73 +649,10 @@ std::string describe(const Config& c) {
                                     c.share_group ? "group" : "user"));
 }
 
-std::string config_json(const Config& c) {
-  std::string out = "{\"policy\":\"";
-  out += kPolicyNames[static_cast<int>(c.policy)];
-  out += "\",\"free\":\"";
-  out += kFreeNames[static_cast<int>(c.free_mode)];
-  out += "\",\"limit\":";
-  if (!c.limit.all && c.limit.per_device.empty()) {
-    out += "null";
-  } else {
-    out += "{\"all\":";
-    if (c.limit.all) append_size_json(out, *c.limit.all);
-    else out += "null";
-    out += ",\"devices\":{";
-    bool first = true;
-    for (const auto& [d, s] : c.limit.per_device) {
-      if (!first) out += ',';
-      first = false;
-      out += fmt::format("\"{}\":", d);
-      append_size_json(out, s);
-    }
-    out += "}}";
-  }
-  out += ",\"preallocate\":";
-  append_size_json(out, c.preallocate);
-  out += fmt::format(",\"preallocate_grow\":{},\"growth_chunk\":{},\"growth_chunk_max\":{},\"release_idle_ns\":",
-                     c.preallocate_grow, c.growth_chunk, c.growth_chunk_max);
-  out += c.release_idle_ns ? fmt::format("{}", *c.release_idle_ns) : std::string("null");
-  out += fmt::format(",\"thread_cache\":{},\"vmm_cache\":{}", c.thread_cache, c.vmm_cache);
-  out += ",\"trace\":";
-  append_json_string(out, c.trace_path);
-  out += fmt::format(",\"trace_flush_ns\":{},\"trace_buffer_events\":{},\"trace_stacks\":{},\"log_level\":",
-                     c.trace_flush_ns, c.trace_buffer_events, c.trace_stacks);
-  append_json_string(out, c.log_level);
-  out += ",\"share\":";
-  append_json_string(out, c.share);
-  out += ",\"share_limit\":";
-  append_limit_json(out, c.share_limit);
-  out += fmt::format(",\"share_wait_ns\":{},\"share_access\":\"{}\"", c.share_wait_ns, c.share_group ? "group" : "user");
-  out += '}';
-  return out;
-}
-
-std::string expand_trace_path(const std::string& pattern, pid_t pid) {
-  std::string out;
-  out.reserve(pattern.size() + 8);
-  for (std::size_t i = 0; i < pattern.size(); ++i) {
-    if (pattern[i] == '%' && i + 1 < pattern.size()) {
-      if (pattern[i + 1] == 'p') {
-        out += std::to_string(pid);
-        ++i;
-        continue;
-      }
-      if (pattern[i + 1] == '%') {
-        out += '%';
-        ++i;
-        continue;
-      }
-    }
-    out += pattern[i];
-  }
-  return out;
-}
-
 std::optional<std::string> check_trace_path(const std::string& path) {
   auto fail = [&](const std::string& why) {
     std::string line = "cupool: CUPOOL_TRACE: cannot write the trace to ";
-    append_json_string(line, path);
+    append_quoted(line, path);
     return line + ": " + why;
   };
   if (path.empty()) return fail("the path is empty");
@@ -769,57 +685,6 @@ std::string options_markdown() {
     out += fmt::format("| `{}` | {} | `{}` | {} | {} |\n", o.name, cell(o.type), cell(o.default_text), cell(o.accepted),
                        cell(o.meaning));
   return out;
-}
-
-void append_json_string(std::string& out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out += '"';
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const auto* end = p + s.size();
-  while (p < end) {
-    const unsigned char c = *p;
-    if (c < 0x80) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        default:
-          if (c < 0x20 || c == 0x7f) {
-            out += "\\u00";
-            out += kHex[c >> 4];
-            out += kHex[c & 15];
-          } else {
-            out += static_cast<char>(c);
-          }
-      }
-      ++p;
-      continue;
-    }
-    // Multi-byte UTF-8: copy a well-formed sequence, replace anything else with U+FFFD.
-    std::size_t n = c >= 0xf0 && c <= 0xf4 ? 4 : c >= 0xe0 && c < 0xf0 ? 3 : c >= 0xc2 && c <= 0xdf ? 2 : 0;
-    bool ok = n != 0 && static_cast<std::size_t>(end - p) >= n;
-    for (std::size_t i = 1; ok && i < n; ++i) ok = (p[i] & 0xc0) == 0x80;
-    if (ok && n == 3) {
-      const unsigned cp = ((c & 0x0fu) << 12) | ((p[1] & 0x3fu) << 6);
-      ok = cp >= 0x800 && !(cp >= 0xd800 && cp <= 0xdfff);
-    }
-    if (ok && n == 4) {
-      const unsigned cp = ((c & 0x07u) << 18) | ((p[1] & 0x3fu) << 12);
-      ok = cp >= 0x10000 && cp <= 0x10ffff;
-    }
-    if (!ok) {
-      out += "\xef\xbf\xbd";
-      ++p;
-      continue;
-    }
-    out.append(reinterpret_cast<const char*>(p), n);
-    p += n;
-  }
-  out += '"';
 }
 
 }  // namespace cupool

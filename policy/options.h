@@ -24,7 +24,18 @@ namespace cupool {
 // empty when "not one of the accepted values" says it all).
 using OptionParser = std::optional<std::string> (*)(std::string_view value, Config& out);
 
+// The options, in the order of kOptions' rows (each row names its own): the table's size comes
+// from here, and a row missing, extra or out of order does not compile (options.cpp).
+enum class Option : std::uint8_t {
+  policy, free, limit, preallocate, preallocate_grow, growth_chunk, growth_chunk_max, release, thread_cache,
+  vmm_cache, share, share_limit, share_wait, share_access, trace, trace_flush_ms, trace_buffer, trace_stacks,
+  log_level,
+  count
+};
+inline constexpr std::size_t kOptionCount = static_cast<std::size_t>(Option::count);
+
 struct OptionInfo {
+  Option id;
   std::string_view name;          // "CUPOOL_POLICY"
   std::string_view type;          // "enum", "size", "size or percent", ...
   std::string_view default_text;  // what an unset (or empty) variable means
@@ -32,8 +43,6 @@ struct OptionInfo {
   std::string_view meaning;       // one line
   OptionParser parse;
 };
-
-inline constexpr std::size_t kOptionCount = 19;
 
 // The least CUPOOL_PREALLOCATE given as a size: the pool's chunk granularity
 // (ContextPool::kChunkGranularity; a unit test checks they agree).
@@ -67,19 +76,11 @@ std::vector<std::string> unknown_variables(char** environ);
 // One line for the startup log: "policy=growth free=sync limit=none ... log=info".
 std::string describe(const Config& config);
 
-// The effective configuration as a JSON object (text), for the trace header. Sizes are bytes;
-// a percent is {"percent":50}; durations are nanoseconds; "never"/"none" are null.
-// The trace reader decodes it (decode_config, trace/trace_reader.h); a unit test round-trips it.
-std::string config_json(const Config& config);
-
-// The names config_json writes, and back.
+// The names a configuration is written with (config_json, trace/config_json.h), and back.
 std::string_view policy_name(PolicyKind policy);
 std::string_view free_mode_name(FreeMode mode);
 std::optional<PolicyKind> policy_named(std::string_view name);
 std::optional<FreeMode> free_mode_named(std::string_view name);
-
-// CUPOOL_TRACE: "%p" becomes the pid, "%%" a single '%'; anything else is kept.
-std::string expand_trace_path(const std::string& pattern, pid_t pid);
 
 // Can `path` (already expanded) be created or overwritten? Nothing when it can; otherwise one
 // complete line, prefixed "cupool: ", naming CUPOOL_TRACE and the reason. Creates nothing.
@@ -106,8 +107,4 @@ std::string format_size(std::uint64_t bytes);
 std::string format_size_spec(const SizeSpec& spec);
 // "8GiB,1:50%" (CUPOOL_LIMIT's syntax); "" for no limit at all.
 std::string format_limit_spec(const LimitSpec& limit);
-// Appends `s` as a JSON string literal (quotes included), escaping what JSON requires;
-// bytes that are not valid UTF-8 become U+FFFD so the output is always valid JSON.
-void append_json_string(std::string& out, std::string_view s);
-
 }  // namespace cupool

@@ -6,6 +6,7 @@
 
 #include "cli.h"
 #include "commands.h"
+#include "config_json.h"
 #include "options.h"
 #include "replay.h"
 #include "report.h"

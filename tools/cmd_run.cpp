@@ -22,7 +22,8 @@
 #include "commands.h"
 #include "event_clock.h"
 #include "options.h"
-#include "trace_writer.h"
+#include "trace_file_name.h"
+#include "trace_input.h"
 
 extern char** environ;
 
@@ -159,24 +160,6 @@ std::string make_private_trace_dir(const std::string& dir) {
   return {};
 }
 
-// Does `name` match `pattern`, in which %p stands for one or more digits and %% for '%'?
-bool matches_pattern(std::string_view pattern, std::string_view name) {
-  while (!pattern.empty()) {
-    if (pattern.size() >= 2 && pattern[0] == '%' && pattern[1] == 'p') {
-      std::size_t digits = 0;
-      while (digits < name.size() && name[digits] >= '0' && name[digits] <= '9') ++digits;
-      for (std::size_t k = digits; k >= 1; --k)
-        if (matches_pattern(pattern.substr(2), name.substr(k))) return true;
-      return false;
-    }
-    const std::size_t step = pattern.size() >= 2 && pattern[0] == '%' && pattern[1] == '%' ? 2 : 1;
-    if (name.empty() || name[0] != pattern[0]) return false;
-    pattern.remove_prefix(step);
-    name.remove_prefix(1);
-  }
-  return name.empty();
-}
-
 // Every trace of the run: each process the program started writes its own (docs/trace-format.md,
 // "Fork, and programs a traced program starts"): the pattern with %p expanded, or without %p the
 // path and "<path>.<pid>". Those in the pattern's directory that are ours, were opened between
@@ -191,15 +174,10 @@ std::vector<std::string> run_traces(const std::string& pattern, pid_t child, std
     candidates.push_back(expand_trace_path(pattern, child));  // one process's, as before
   } else {
     const std::string dir = expand_trace_path(dir_pattern, 0);  // only %% to expand
-    const bool pid_in_name = has_pid_placeholder(base);
-    const std::string root = expand_trace_path(base, 0);
     if (DIR* d = ::opendir(dir.empty() ? "." : dir.c_str())) {
       while (const dirent* entry = ::readdir(d)) {
         const std::string_view name = entry->d_name;
-        bool ok = pid_in_name ? matches_pattern(base, name) : name == root;
-        if (!ok && !pid_in_name && name.size() > root.size() + 1 && name.substr(0, root.size() + 1) == root + ".")
-          ok = name.find_first_not_of("0123456789", root.size() + 1) == std::string_view::npos;
-        if (ok) candidates.push_back(dir + std::string(name));
+        if (is_trace_file_name(base, name)) candidates.push_back(dir + std::string(name));
       }
       ::closedir(d);
     }
@@ -215,11 +193,10 @@ std::vector<std::string> run_traces(const std::string& pattern, pid_t child, std
     struct stat st{};
     if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
     try {
-      const auto reader = TraceReader::open(path);
-      const Header& h = reader->header();
-      const auto trace = h.config.find("trace");
-      if (h.start_mono_ns < from || h.start_mono_ns > to || trace == h.config.end() || *trace != wanted) continue;
-      found.push_back(Found{path, h.pid == child, h.start_mono_ns});
+      const TraceInput input(path);
+      const TraceMeta& m = input.meta();
+      if (m.start_mono_ns < from || m.start_mono_ns > to || m.trace_pattern != wanted) continue;
+      found.push_back(Found{path, m.pid == child, m.start_mono_ns});
     } catch (const TraceError&) {
       continue;  // not a trace of this run
     }

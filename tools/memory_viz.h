@@ -104,7 +104,6 @@ class MemoryVizWriter final : public EventVisitor {
   std::FILE* out_;
   const Analysis& analysis_;
   std::size_t max_entries_;
-  std::size_t current_source_ = 0;
   std::vector<Source> sources_;
   std::map<std::pair<std::size_t, int>, Lane> lanes_;
 };

@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <cinttypes>
-#include <nlohmann/json.hpp>
 
 #include "cli.h"
+#include "quoted_string.h"
 
 namespace cupool::tools {
 
@@ -13,9 +13,11 @@ using trace::EventKind;
 
 namespace {
 
-// The reader hands out valid UTF-8 only; `replace` keeps a stray byte from aborting the export.
+// A name as a JSON string (quoted_string.h: the one escaping rule; a stray byte becomes U+FFFD).
 std::string json_string(const std::string& s) {
-  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  append_quoted(out, s);
+  return out;
 }
 
 }  // namespace

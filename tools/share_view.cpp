@@ -17,6 +17,7 @@
 
 #include "cli.h"
 #include "options.h"
+#include "utf8.h"
 
 namespace cupool::tools {
 namespace {
@@ -159,27 +160,17 @@ std::string clean_text(std::string_view s, bool printable) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const std::size_t n = s.size();
   for (std::size_t i = 0; i < n;) {
-    const unsigned char c = p[i];
-    std::size_t len = 0;
-    std::uint32_t cp = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the range of the second byte (no overlong forms, no surrogates)
-    if (c < 0x80) len = 1, cp = c;
-    else if (c >= 0xC2 && c <= 0xDF) len = 2, cp = c & 0x1F;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3, cp = c & 0x0F, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4, cp = c & 0x07, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
-    bool valid = len > 0 && i + len <= n;
-    for (std::size_t k = 1; valid && k < len; ++k) {
-      const unsigned char b = p[i + k];
-      valid = k == 1 ? (b >= lo && b <= hi) : (b & 0xC0) == 0x80;
-      cp = cp << 6 | (b & 0x3F);
-    }
-    if (!valid) {
-      out += "\xEF\xBF\xBD";  // U+FFFD
+    const std::size_t len = utf8_sequence(p + i, p + n);  // utf8.h: the one rule
+    if (len == 0) {
+      out += kReplacementCharacter;
       ++i;
       continue;
     }
-    // C0 and C1 controls and DEL: a terminal acts on them (C1 too, in some).
-    if (printable && (cp < 0x20 || (cp >= 0x7F && cp < 0xA0))) out += '?';
+    // C0 and C1 controls and DEL: a terminal acts on them (C1 too, in some). C1 is U+0080 to
+    // U+009F: 0xC2 then 0x80 to 0x9F.
+    const unsigned char c = p[i];
+    const bool control = len == 1 ? c < 0x20 || c == 0x7F : len == 2 && c == 0xC2 && p[i + 1] < 0xA0;
+    if (printable && control) out += '?';
     else out.append(s.substr(i, len));
     i += len;
   }

@@ -36,6 +36,8 @@ TraceInput::TraceInput(const std::string& path) {
   meta_.start_unix_ns = h.start_unix_ns;
   meta_.start_mono_ns = h.start_mono_ns;
   meta_.config = decode_config(h.config, &meta_.config_error);
+  if (const auto trace = h.config.find("trace"); trace != h.config.end() && trace->is_string())
+    meta_.trace_pattern = trace->get<std::string>();
   if (meta_.config) {
     meta_.policy = policy_name(meta_.config->policy);
     meta_.free_mode = free_mode_name(meta_.config->free_mode);

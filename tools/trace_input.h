@@ -1,5 +1,6 @@
 // One trace file opened for reading: the streaming reader (trace/trace_reader.h) plus what the
-// tools want from its header. The only file of tools/ that knows the reader's API.
+// tools want from its header. The only file of tools/ that uses the reader (TraceReader); the
+// others see only what it hands out (Event, Stack, DeviceInfo, frame_name).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,9 @@ struct TraceMeta {
   // When the trace was opened, by the wall clock and by CLOCK_MONOTONIC (the clock of `t`): an
   // event's wall-clock time is start_unix_ns + (t - start_mono_ns).
   std::uint64_t start_unix_ns = 0, start_mono_ns = 0;
+  // The CUPOOL_TRACE the trace was written for, as its header's configuration records it (""
+  // when none): what `cupool run` finds the traces of a run by.
+  std::string trace_pattern;
   std::string policy;                // config's policy and free mode by name ("" when unknown)
   std::string free_mode;
   std::string label() const;         // "pid 1234 python train.py"

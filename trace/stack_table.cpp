@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "options.h"
+#include "quoted_string.h"
 #include "trace_schema.h"
 
 namespace cupool {
@@ -70,7 +70,7 @@ const std::string& FrameCache::json(std::uintptr_t pc) {
   Dl_info info{};
   if (dladdr(reinterpret_cast<void*>(at), &info) != 0 && info.dli_fname != nullptr) {
     o += fmt::format(R"(,"{}":)", sk::module);
-    append_json_string(o, info.dli_fname);
+    append_quoted(o, info.dli_fname);
     o += fmt::format(R"(,"{}":"0x{:x}")", sk::offset, at - reinterpret_cast<std::uintptr_t>(info.dli_fbase));
     if (info.dli_sname != nullptr && info.dli_saddr != nullptr) {
       int status = -1;
@@ -79,7 +79,7 @@ const std::string& FrameCache::json(std::uintptr_t pc) {
       std::free(demangled);
       if (name.size() > kMaxSymbolChars) name = name.substr(0, kMaxSymbolChars - 3) + "...";
       o += fmt::format(R"(,"{}":)", sk::symbol);
-      append_json_string(o, name);
+      append_quoted(o, name);
       o += fmt::format(R"(,"{}":"0x{:x}")", sk::symbol_offset, at - reinterpret_cast<std::uintptr_t>(info.dli_saddr));
     }
   } else {

@@ -20,7 +20,9 @@
 #include <vector>
 
 #include "config.h"
+#include "config_decode.h"  // decode_config, for the header's configuration
 #include "trace_schema.h"
+#include "utf8.h"           // valid_utf8: the one policy for bad bytes, which the reader applies
 
 namespace cupool {
 
@@ -45,10 +47,6 @@ struct Header {
   std::uint64_t start_unix_ns = 0, start_mono_ns = 0;
   nlohmann::json config;
 };
-
-// The configuration a trace's header records (written by config_json, policy/options.h), decoded
-// back. Nothing, with `why`, when a key is missing or malformed (a trace of another version).
-std::optional<Config> decode_config(const nlohmann::json& config, std::string* why = nullptr);
 
 // One event line as read: the values the writer wrote (trace::EventValues, the one definition),
 // and the API name as text.
@@ -87,11 +85,7 @@ struct Footer {
   std::optional<std::uint64_t> share_waits, share_wait_ns;
 };
 
-// `s` with every byte that does not begin a well-formed UTF-8 sequence replaced by U+FFFD: the
-// one policy for bad bytes (the trace writer's append_json_string() writes the same).
-std::string valid_utf8(std::string_view s);
-
-class TraceInputStream;  // trace_reader.cpp: the file or stream, decompressed
+class TraceInputStream;  // trace_input_stream.h: the file or stream, decompressed
 
 class TraceReader {
  public:
@@ -130,10 +124,11 @@ class TraceReader {
 
  private:
   enum class Parsed { event, skipped };
+  static constexpr std::uint64_t kMaxStackId = 1u << 16;  // trace/stack_table.h: StackTable::kMaxStacks
   TraceReader(std::unique_ptr<TraceInputStream> in, std::string source_name);
   bool read_line(std::string_view& line);
   Parsed parse_line(std::string_view line, Event& out);
-  bool parse_event(std::string_view line, Event& out);  // false: a kind from a newer minor version
+  bool parse_event(std::string_view line, Event& out);  // trace_event_decoder.cpp; false: a kind from a newer minor version
   void parse_other(const nlohmann::json& j, std::string_view type);
   void read_header();
   void add_device(DeviceInfo d);

@@ -190,35 +190,43 @@ inline Record record_of(const PoolEvent& e) {
   return r;
 }
 
+// The keys of event lines, each spelled once, here: X(identifier, "text"). The key:: constants
+// below that the writer writes, and the reader's key enum and its lookup by name
+// (trace_event_decoder.cpp), all come from this list: adding a key is one line.
+#define CUPOOL_TRACE_EVENT_KEYS(X)                                                            \
+  X(type, "type")                 /* "header", "event", "footer" */                          \
+  X(t, "t")                                                                                   \
+  X(tid, "tid")                                                                               \
+  X(ev, "ev")                                                                                 \
+  X(api, "api")                                                                               \
+  X(path, "path")                                                                             \
+  X(dev, "dev")                                                                               \
+  X(size, "size")                                                                             \
+  X(ptr, "ptr")                                                                               \
+  X(stream, "stream")                                                                         \
+  X(rc, "rc")                                                                                 \
+  X(dur, "dur")                                                                               \
+  X(timed_for, "timed_for")       /* present when not 1 */                                   \
+  X(oom_class, "oom")                                                                         \
+  X(reserved, "reserved")                                                                     \
+  X(in_use, "in_use")                                                                         \
+  X(largest_free, "largest_free")                                                             \
+  X(quarantined, "quarantined")                                                               \
+  X(cached, "cached")                                                                         \
+  X(free_blocks, "free_blocks")                                                               \
+  X(flags, "flags")                                                                           \
+  X(handle, "handle")             /* vmm_map: the handle mapped ("0x...") */                 \
+  X(offset, "offset")             /* vmm_map: bytes into the handle */                       \
+  X(recycled, "recycled")         /* true: a VMM call served by the mapping cache */         \
+  X(granules, "granules")         /* true: grow/release of the vmm policy's granules */      \
+  X(stack, "stack")               /* the id of the allocation's stack line (format 3.3) */
+
 // JSON keys, used by writer and reader alike.
 namespace key {
-inline constexpr std::string_view type = "type";  // "header", "event", "footer"
-inline constexpr std::string_view t = "t";
-inline constexpr std::string_view tid = "tid";
-inline constexpr std::string_view ev = "ev";
-inline constexpr std::string_view api = "api";
-inline constexpr std::string_view path = "path";
-inline constexpr std::string_view dev = "dev";
-inline constexpr std::string_view size = "size";
-inline constexpr std::string_view ptr = "ptr";
-inline constexpr std::string_view stream = "stream";
-inline constexpr std::string_view rc = "rc";
-inline constexpr std::string_view dur = "dur";
-inline constexpr std::string_view timed_for = "timed_for";  // present when not 1
-inline constexpr std::string_view oom_class = "oom";
-inline constexpr std::string_view reserved = "reserved";
-inline constexpr std::string_view in_use = "in_use";
-inline constexpr std::string_view largest_free = "largest_free";
-inline constexpr std::string_view quarantined = "quarantined";
-inline constexpr std::string_view cached = "cached";
-inline constexpr std::string_view free_blocks = "free_blocks";
-inline constexpr std::string_view flags = "flags";
-inline constexpr std::string_view handle = "handle";  // vmm_map: the handle mapped ("0x...")
-inline constexpr std::string_view offset = "offset";  // vmm_map: bytes into the handle
-inline constexpr std::string_view recycled = "recycled";  // true: a VMM call served by the mapping cache
-inline constexpr std::string_view granules = "granules";  // true: grow/release of the vmm policy's granules
+#define CUPOOL_TRACE_KEY_CONSTANT(id, text) inline constexpr std::string_view id = text;
+CUPOOL_TRACE_EVENT_KEYS(CUPOOL_TRACE_KEY_CONSTANT)
+#undef CUPOOL_TRACE_KEY_CONSTANT
 inline constexpr std::string_view name = "name";  // device events: device name (text field)
-inline constexpr std::string_view stack = "stack";  // the id of the allocation's stack line (format 3.3)
 }  // namespace key
 
 // Line types ("type") and the keys of the non-event lines (docs/trace-format.md), used by writer
@@ -241,7 +249,7 @@ inline constexpr const char* host = "host";
 inline constexpr const char* cmdline = "cmdline";
 inline constexpr const char* start_unix_ns = "start_unix_ns";
 inline constexpr const char* start_mono_ns = "start_mono_ns";
-inline constexpr const char* config = "config";    // config_json (policy/options.h), decode_config
+inline constexpr const char* config = "config";    // config_json, decode_config (trace/config_json.h, config_decode.h)
 inline constexpr const char* devices = "devices";  // devices known when the file was opened
 }  // namespace header_key
 namespace device_key {  // device lines, and the devices of the footer

@@ -19,6 +19,9 @@
 #include "log.h"
 #include "options.h"
 #include "output_file.h"
+#include "quoted_string.h"
+#include "config_json.h"
+#include "trace_file_name.h"
 
 #ifndef CUPOOL_VERSION
 #define CUPOOL_VERSION "0.1.0"
@@ -63,7 +66,7 @@ using Ring = TraceWriter::Ring;
 std::string device_object(int index, std::string_view name, std::uint64_t total_bytes) {
   namespace dk = trace::device_key;
   std::string o = fmt::format(R"({{"{}":{},"{}":)", dk::index, index, dk::name);
-  append_json_string(o, name);
+  append_quoted(o, name);
   o += fmt::format(R"(,"{}":{}}})", dk::total_bytes, total_bytes);
   return o;
 }
@@ -71,7 +74,7 @@ std::string device_line(int index, std::string_view name, std::uint64_t total_by
   namespace dk = trace::device_key;
   std::string o = fmt::format(R"({{"type":"{}","{}":{},"{}":{},"{}":)", trace::line::device, trace::key::t,
                               EventClock::now(), dk::index, index, dk::name);
-  append_json_string(o, name);
+  append_quoted(o, name);
   o += fmt::format(R"(,"{}":{}}})", dk::total_bytes, total_bytes);
   o += '\n';
   return o;
@@ -155,13 +158,6 @@ bool started_by_traced_process(pid_t pid, const std::string& pattern) {
   return r != mine;
 }
 
-// The file this process writes. Without %p in the pattern, a child (forked, or started) writes
-// "<path>.<pid>" instead of truncating the file its parent is writing.
-std::string path_for_process(const std::string& pattern, pid_t pid, bool child) {
-  if (has_pid_placeholder(pattern)) return expand_trace_path(pattern, pid);
-  return child ? expand_trace_path(pattern, pid) + "." + std::to_string(pid) : expand_trace_path(pattern, pid);
-}
-
 std::vector<std::string> read_cmdline() {
   std::vector<std::string> args;
   const int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
@@ -213,18 +209,15 @@ struct Out {
     raw(s);
     *p++ = '"';
   }
-  void text(const char* s) {  // a C string from the caller: escaped, cut at kMaxApiChars
+  // A C string from the caller, cut at kMaxApiChars: ASCII escaped as every quoted string is
+  // (quoted_string.h); any other byte is taken for a Latin-1 character, \u00XX, which keeps the
+  // line valid JSON (and valid UTF-8) without a look at the bytes around it.
+  void text(const char* s) {
     *p++ = '"';
     for (std::size_t i = 0; s != nullptr && s[i] != '\0' && i < kMaxApiChars; ++i) {
       const auto c = static_cast<unsigned char>(s[i]);
-      if (c == '"' || c == '\\') {
-        *p++ = '\\';
-        *p++ = static_cast<char>(c);
-      } else if (c < 0x20 || c >= 0x7f) {
-        p = fmt::format_to(p, "\\u{:04x}", c);  // keeps the line valid JSON (and valid UTF-8)
-      } else {
-        *p++ = static_cast<char>(c);
-      }
+      if (c < 0x80) p = escape_ascii(p, c);
+      else p = fmt::format_to(p, "\\u{:04x}", c);
     }
     *p++ = '"';
   }
@@ -232,22 +225,13 @@ struct Out {
 
 }  // namespace
 
-bool has_pid_placeholder(std::string_view pattern) {
-  for (std::size_t i = 0; i + 1 < pattern.size(); ++i) {
-    if (pattern[i] != '%') continue;
-    if (pattern[i + 1] == 'p') return true;
-    ++i;  // "%%" and others: skip the escaped character
-  }
-  return false;
-}
-
 // ---- construction, open, close -------------------------------------------------------------
 
 TraceWriter::TraceWriter(const Config& config)
     : config_(config),
       pattern_(config.trace_path),
       started_child_(started_by_traced_process(::getpid(), config.trace_path)),
-      path_(path_for_process(config.trace_path, ::getpid(), started_child_)),
+      path_(trace_path_for_process(config.trace_path, ::getpid(), started_child_)),
       id_(g_next_writer_id.fetch_add(1)),
       ring_capacity_(round_up_pow2(config.trace_buffer_events)),
       buf_(new char[kBufferSize]) {
@@ -263,7 +247,7 @@ std::unique_ptr<TraceWriter> TraceWriter::open(const Config& config, std::string
   if (!output_file_possible(writer->path_, &why)) {
     if (error) {
       *error = "cupool: CUPOOL_TRACE: cannot write the trace to ";
-      append_json_string(*error, writer->path_);
+      append_quoted(*error, writer->path_);
       *error += ": " + why;
     }
     return nullptr;
@@ -278,7 +262,7 @@ bool TraceWriter::open_file_locked(std::string* error) {
   fd_ = open_output_file(path_, false, &why);
   if (fd_ < 0) {
     std::string line = "cupool: CUPOOL_TRACE: cannot write the trace to ";
-    append_json_string(line, path_);
+    append_quoted(line, path_);
     *error = line + ": " + why;
     return false;
   }
@@ -289,15 +273,15 @@ bool TraceWriter::open_file_locked(std::string* error) {
   std::string h = fmt::format(R"({{"type":"{}","{}":"{}","{}":"{}.{}","{}":)", trace::line::header, hk::format,
                               trace::kFormatName, hk::version, trace::kFormatMajor, trace::kFormatMinor,
                               hk::cupool_version);
-  append_json_string(h, CUPOOL_VERSION);
+  append_quoted(h, CUPOOL_VERSION);
   h += fmt::format(R"(,"{}":{},"{}":{},"{}":)", hk::pid, ::getpid(), hk::ppid, ::getppid(), hk::host);
-  append_json_string(h, host);
+  append_quoted(h, host);
   h += fmt::format(R"(,"{}":[)", hk::cmdline);
   bool first = true;
   for (const std::string& arg : read_cmdline()) {
     if (!first) h += ',';
     first = false;
-    append_json_string(h, arg);
+    append_quoted(h, arg);
   }
   h += fmt::format(R"(],"{}":{},"{}":{},"{}":)", hk::start_unix_ns, clock_ns(CLOCK_REALTIME), hk::start_mono_ns,
                    EventClock::now(), hk::config);
@@ -719,7 +703,7 @@ void TraceWriter::child_after_fork() {
   derived_.clear();
   stack_written_.clear();  // the child's file names its stacks again
   const pid_t pid = ::getpid();
-  path_ = path_for_process(pattern_, pid, true);
+  path_ = trace_path_for_process(pattern_, pid, true);
   // The parent's rings hold the parent's events: abandon them. Only this thread's ring is
   // still referenced (by this thread, which lets go of it when it next records).
   for (Ring* ring : rings_) {

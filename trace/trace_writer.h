@@ -25,10 +25,6 @@
 
 namespace cupool {
 
-// Does a CUPOOL_TRACE pattern hold "%p" ("%%p" is a literal "%p")? With it, every process writes
-// the pattern expanded for its pid; without it, processes after the first write "<path>.<pid>".
-bool has_pid_placeholder(std::string_view pattern);
-
 class TraceWriter final : public PoolObserver {
  public:
   // A writer for the file Config::trace_path names ("%p" expanded). The file itself is created

@@ -17,7 +17,9 @@
 #include <variant>
 #include <vector>
 
+#include "config_json.h"
 #include "options.h"
+#include "trace_file_name.h"
 
 namespace {
 

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "config_json.h"
 #include "options.h"
 #include "trace_reader.h"
 

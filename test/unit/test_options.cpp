@@ -10,7 +10,10 @@
 
 #include "context_pool.h"
 #include "log.h"
+#include "config_json.h"
 #include "options.h"
+#include "quoted_string.h"
+#include "trace_file_name.h"
 
 using namespace cupool;
 
@@ -319,12 +322,12 @@ TEST_CASE("describe and config_json", "[options]") {
   CHECK(d["release_idle_ns"].is_null());
 }
 
-TEST_CASE("append_json_string always yields valid JSON", "[options]") {
+TEST_CASE("append_quoted always yields valid JSON", "[options]") {
   std::string all;
   for (int i = 0; i < 256; ++i) all += static_cast<char>(i);
   all += "\xe2\x82\xac \xf0\x9f\x98\x80 \xed\xa0\x80 \xc0\xaf \xe2\x82";  // good, good, surrogate, overlong, cut
   std::string out;
-  append_json_string(out, all);
+  append_quoted(out, all);
   const auto j = nlohmann::json::parse(out);
   const std::string back = j.get<std::string>();
   CHECK(back.substr(0, 128) == all.substr(0, 128));

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "config_json.h"
 #include "event_clock.h"
 #include "options.h"
 #include "trace_reader.h"
