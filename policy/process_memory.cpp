@@ -1,3 +1,4 @@
+// ProcessMemory (process_memory.h): all the device memory of one process, as cupool governs it.
 #include "process_memory.h"
 
 #include "budgeted_upstream.h"
@@ -145,6 +146,23 @@ AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const ch
   return r;
 }
 
+OomClass ProcessMemory::refusal_class(OomClass pool_class, int device) const {
+  return pool_class == OomClass::limit && !cfg_.limit.for_device(device) ? OomClass::device : pool_class;
+}
+
+OomClass ProcessMemory::refusal_class(OutsideAnswer answer, int device) const {
+  switch (answer) {
+    case OutsideAnswer::ok:
+      return OomClass::none;
+    case OutsideAnswer::refused_by_cap:
+      return refusal_class(OomClass::limit, device);
+    case OutsideAnswer::refused_by_share:
+      return OomClass::share;
+    default:
+      return OomClass::device;
+  }
+}
+
 void ProcessMemory::remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner, int device) {
   std::lock_guard lock(outside_mutex_);
   outside_[key] = Outside{bytes, owner, device};
@@ -241,6 +259,15 @@ bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, Cont
   if (bytes) *bytes = o.bytes;
   if (owner) *owner = o.owner;
   if (device) *device = o.device;
+  return true;
+}
+
+bool ProcessMemory::find_outside(std::uint64_t key, std::uint64_t* bytes, ContextMemory** owner) const {
+  std::lock_guard lock(outside_mutex_);
+  auto it = outside_.find(key);
+  if (it == outside_.end()) return false;
+  if (bytes) *bytes = it->second.bytes;
+  if (owner) *owner = it->second.owner;
   return true;
 }
 
@@ -426,6 +453,10 @@ void ProcessMemory::warn_device_oom(int device, const char* api, std::uint64_t s
     message += "; budget \"" + share_->name() + "\" on device " + std::to_string(device) + " is held by " +
                share_->holders(device);
   log_warn(message);
+}
+
+void ProcessMemory::warn_double_free(const char* api) const {
+  if (warnings_) log_warn(std::string(api) + " of a block that is already free (double free); the pool is unchanged");
 }
 
 void ProcessMemory::warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const {

@@ -6,7 +6,9 @@
 // - the table of memory the process holds outside the pools (passthrough, managed,
 //   stream-ordered, virtual memory, arrays), charged against the cap and uncharged at its free;
 // - the VMM mapping cache, and the rule that its kept mappings go back before anything is refused;
-// - the memory-info answer, and the out-of-memory warning.
+// - what each memory call does to the process, in the caller's terms (policy/memory_calls.h says
+//   which API a pool serves): allocate, free, the VMM cache's protocol, context drop;
+// - the memory-info answer, the out-of-memory warning, and the class a refusal is reported as.
 // docs/design.md ("Process memory") explains the rules.
 #pragma once
 
@@ -19,8 +21,9 @@
 #include <unordered_map>
 
 #include "config.h"
-#include "device_account.h"
 #include "context_pool.h"
+#include "device_account.h"
+#include "memory_calls.h"
 #include "pool_events.h"
 #include "shared_budget.h"
 #include "upstream.h"
@@ -89,6 +92,20 @@ class ProcessMemory {
   // ---- allocation in a pool: on a refusal, kept VMM mappings go back and it is tried once more.
   // A refusal is warned about (`api` names the call).
   AllocResult allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state = nullptr);
+  // Whether a pool serves a call of `api` here (the policy pools and the table says so); else the
+  // driver makes it, outside the pools (allocate_outside).
+  bool serves_from_pool(const MemoryCall& api) const { return api.serve == Serve::pool && pooled(); }
+  // A free of a block the pool of `c` handed out (with the free mode's wait). A double free
+  // changes nothing, and is warned about (`api` names the call).
+  FreeResult free(ContextMemory& c, std::uint64_t ptr, const char* api, std::size_t* size, PoolStats* state) {
+    const FreeResult r = c.pool->deallocate(ptr, size, state);
+    if (r == FreeResult::double_free) warn_double_free(api);
+    return r;
+  }
+  // The class a refusal on `device` is reported as: with no limit set, the cap is the device's size,
+  // so a refusal at the cap is of class device (as the pool's growth rule says, context_pool.cpp).
+  OomClass refusal_class(OomClass pool_class, int device) const;
+  OomClass refusal_class(OutsideAnswer answer, int device) const;  // none for ok
 
   // ---- the device's account: what the process holds there, across its contexts and memory that
   // names the device but no context. Made at first use; `device_total` resolves a percent cap.
@@ -126,10 +143,40 @@ class ProcessMemory {
   bool mem_info_device(int device, std::uint64_t device_total, std::uint64_t device_free, std::size_t* free,
                        std::size_t* total);
 
+  // What the table holds of a pointer or handle not yet freed (false: nothing; *owner as forget_outside).
+  bool find_outside(std::uint64_t key, std::uint64_t* bytes, ContextMemory** owner) const;
+
   // ---- the VMM mapping cache (nullptr when off: passthrough, CUPOOL_VMM_CACHE=off, no driver)
   VmmCache* vmm_cache();
   std::uint64_t vmm_evict(ContextMemory* c);  // the context's free mappings go back; bytes
   std::uint64_t vmm_free_bytes(ContextMemory* c) const;
+  // Its protocol, one operation per driver call. Each serves the call from the cache when it can
+  // (no driver call), else runs `driver` (the real call; true when it succeeded) and tells the
+  // cache what the driver did. With no cache, each is `driver` alone.
+  // cuMemCreate of `size` on `c`: with `props` (nullptr: not recyclable) a kept mapping of equal
+  // properties goes out again (*recycled), else `make` (returning the handle, 0: refused; the
+  // caller's allocate_outside) makes one, which the cache then knows. The handle, 0 if none.
+  template <typename Make>
+  std::uint64_t vmm_create(ContextMemory* c, std::uint64_t size, const VmmProps* props, bool* recycled, Make&& make);
+  // cuMemRelease: true when the cache keeps the mapping (still charged; *bytes its size). Else
+  // `driver` releases it, and on success it is uncharged (*bytes, *owner, *device: forget_outside's).
+  template <typename Driver>
+  bool vmm_release(std::uint64_t handle, Driver&& driver, std::uint64_t* bytes, ContextMemory** owner = nullptr,
+                   int* device = nullptr);
+  // cuMemAddressReserve of `size`: a kept reservation goes out again (*recycled) when `recyclable`
+  // (no fixed address, no flags), else `driver` (which sets *va); the cache makes room first at a
+  // fixed address `at`, and then knows a reservation made with no flags (`plain`). The address, 0 if none.
+  template <typename Driver>
+  std::uint64_t vmm_reserve(std::uint64_t size, std::uint64_t alignment, std::uint64_t at, bool plain, bool recyclable,
+                            bool* recycled, Driver&& driver);
+  // cuMemMap (`plain`: no flags), cuMemUnmap, cuMemAddressFree: true when the cache served it.
+  template <typename Driver>
+  bool vmm_map(std::uint64_t va, std::uint64_t size, std::uint64_t offset, std::uint64_t handle, bool plain,
+               Driver&& driver);
+  template <typename Driver>
+  bool vmm_unmap(std::uint64_t va, std::uint64_t size, Driver&& driver);
+  template <typename Driver>
+  bool vmm_address_free(std::uint64_t va, std::uint64_t size, Driver&& driver);
 
   // ---- the shared budget (nullptr: none)
   SharedBudget* share() const { return share_; }
@@ -172,6 +219,7 @@ class ProcessMemory {
   };
 
   void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const;
+  void warn_double_free(const char* api) const;
   void warn_device_oom(int device, const char* api, std::uint64_t size, OomClass oom, const DeviceAccount& a) const;
   static std::uint64_t device_total(const ContextMemory& c);
   void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner, int device);
@@ -230,6 +278,74 @@ OutsideAnswer ProcessMemory::allocate_on_device(int device, std::uint64_t device
   if (answer == OutsideAnswer::ok) remember_outside(key, bytes, nullptr, device);
   else unadmit_on_device(device, bytes);
   return answer;
+}
+
+template <typename Make>
+std::uint64_t ProcessMemory::vmm_create(ContextMemory* c, std::uint64_t size, const VmmProps* props, bool* recycled,
+                                        Make&& make) {
+  VmmCache* cache = vmm_cache();
+  // Recycled only on the device of the context, whose fences cover the work that used it.
+  if (c == nullptr || props == nullptr) cache = nullptr;
+  *recycled = false;
+  if (cache)
+    if (const std::uint64_t h = cache->take(c->upstream, size, *props, c->pool->has_room(size))) {
+      *recycled = true;
+      return h;
+    }
+  const std::uint64_t h = make();
+  if (h && cache) cache->created(c->upstream, h, size, *props);
+  return h;
+}
+
+template <typename Driver>
+bool ProcessMemory::vmm_release(std::uint64_t handle, Driver&& driver, std::uint64_t* bytes, ContextMemory** owner,
+                                int* device) {
+  if (VmmCache* cache = vmm_cache())
+    if (cache->release(handle, bytes) == VmmCache::Verdict::served) return true;
+  if (driver()) forget_outside(handle, bytes, owner, device);
+  return false;
+}
+
+template <typename Driver>
+std::uint64_t ProcessMemory::vmm_reserve(std::uint64_t size, std::uint64_t alignment, std::uint64_t at, bool plain,
+                                         bool recyclable, bool* recycled, Driver&& driver) {
+  VmmCache* cache = vmm_cache();
+  *recycled = false;
+  if (cache && recyclable)
+    if (const std::uint64_t va = cache->reserve(size, alignment)) {
+      *recycled = true;
+      return va;
+    }
+  if (cache && at != 0) cache->before_reserve_at(at, size);
+  std::uint64_t va = 0;
+  if (!driver(&va)) return 0;
+  if (cache && plain) cache->reserved(va, size);
+  return va;
+}
+
+template <typename Driver>
+bool ProcessMemory::vmm_map(std::uint64_t va, std::uint64_t size, std::uint64_t offset, std::uint64_t handle,
+                            bool plain, Driver&& driver) {
+  VmmCache* cache = vmm_cache();
+  if (cache && plain && cache->map(va, size, offset, handle) == VmmCache::Verdict::served) return true;
+  if (driver() && cache) cache->map_done(va, size, offset, handle);
+  return false;
+}
+
+template <typename Driver>
+bool ProcessMemory::vmm_unmap(std::uint64_t va, std::uint64_t size, Driver&& driver) {
+  VmmCache* cache = vmm_cache();
+  if (cache && cache->unmap(va, size) == VmmCache::Verdict::served) return true;
+  driver();
+  return false;
+}
+
+template <typename Driver>
+bool ProcessMemory::vmm_address_free(std::uint64_t va, std::uint64_t size, Driver&& driver) {
+  VmmCache* cache = vmm_cache();
+  if (cache && cache->address_free(va, size) == VmmCache::Verdict::served) return true;
+  driver();
+  return false;
 }
 
 }  // namespace cupool

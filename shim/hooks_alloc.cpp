@@ -1,20 +1,19 @@
-// Allocation, free and memory-info hooks of the runtime and the driver. Allocations that a pool
-// can serve (cudaMalloc, cudaMallocPitch, cuMemAlloc_v2, cuMemAllocPitch_v2) go to the pool of
-// the current context; the rest (managed, stream-ordered, arrays) go to the driver and are
-// counted against the cap (ProcessMemory, policy/process_memory.h). Every outermost call is one
+// Allocation, free and memory-info hooks of the runtime and the driver: each translates its CUDA
+// call into ProcessMemory's operations (policy/process_memory.h) and the answer back into CUDA
+// codes. Which allocations a pool serves (cudaMalloc, cudaMallocPitch, cuMemAlloc_v2,
+// cuMemAllocPitch_v2) and which go to the driver, counted against the cap (managed,
+// stream-ordered, arrays), is the table of policy/memory_calls.h. Every outermost call is one
 // trace event. A runtime hook and its driver twin are one body over the API's traits
 // (hooks_memory.h). Virtual-memory hooks: hooks_vmm.cpp.
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
-#include <string>
 #include <type_traits>
 #include <unordered_map>
 
 #include "hook_table.h"
 #include "hooks_internal.h"
 #include "hooks_memory.h"
-#include "log.h"
 #include "streams.h"
 
 namespace cupool::shim {
@@ -97,7 +96,7 @@ auto outermost(bool args_ok, RealCall&& real_call, Body&& body) -> decltype(real
 // An allocation outside the pools: charged, then the driver's. `stream`: the API's stream, if any.
 template <typename Api, typename Out, typename RealCall>
 typename Api::Code allocate_outside_hook(Path path, const char* api, Out* out, std::uint64_t bytes, Placement where,
-                                         RealCall&& real_call, const void* const* stream = nullptr) {
+                                         RealCall&& real_call, const void* const* stream) {
   HookEvent ev(EventKind::alloc, api, path);
   if (stream) ev.stream(*stream);
   std::uint64_t key = 0;
@@ -111,32 +110,41 @@ typename Api::Code allocate_outside_hook(Path path, const char* api, Out* out, s
   return rc;
 }
 
-// cudaMalloc, cudaMallocPitch, cuMemAlloc_v2, cuMemAllocPitch_v2: served by the pool of `cp`, or,
-// with none to serve it (no context, passthrough, arguments the driver refuses, a call a capture
-// forbids), by the driver outside the pools. `bytes`: what it takes; `row`: the pitch to report.
-template <typename Api, typename Ptr, typename RealCall>
-typename Api::Code pool_allocate_hook(Path path, const char* api, Ptr* out, std::size_t* pitch, std::uint64_t bytes,
-                                      std::uint64_t row, bool poolable, ContextMemory* cp, RealCall&& real_call) {
-  if (cp == nullptr || !pooled() || !poolable || capture_forbids_here())
-    return allocate_outside_hook<Api>(path, api, out, bytes, cp, real_call);
-  HookEvent ev(EventKind::alloc, api, path);
-  if (bytes == 0 && Api::zero_size_gives_null) {
-    *out = Ptr{};
-    ev.done(Api::ok, 0, 0, cp);
-    return Api::ok;
-  }
-  const AllocResult r = memory().allocate(*cp, bytes, api, ev.pool_state());
-  typename Api::Code rc = Api::ok;
-  if (r.ptr) {
-    *out = pointer<Ptr>(r.ptr);
-    if (pitch) *pitch = row;
+// An allocation by the API `kApi` (its line in policy/memory_calls.h says what serves it): by the
+// pool of `where`'s context when the table says a pool serves it and one can (a context, a policy
+// that pools, arguments the driver accepts (`poolable`), no capture that forbids the call), else
+// by the driver outside the pools. `bytes`: what it takes; `row`: the pitch to report; `stream`:
+// the API's stream, if any.
+template <MemoryApi kApi, typename Api, typename Ptr, typename RealCall>
+typename Api::Code allocate_hook(Path path, Ptr* out, std::size_t* pitch, std::uint64_t bytes, std::uint64_t row,
+                                 bool poolable, Placement where, RealCall&& real_call,
+                                 const void* const* stream = nullptr) {
+  constexpr const MemoryCall& call = memory_call(kApi);
+  if constexpr (call.serve != Serve::pool) {
+    return allocate_outside_hook<Api>(path, call.name, out, bytes, where, real_call, stream);
   } else {
-    Api::refused_here();
-    rc = Api::out_of_memory;
-    ev.r.oom_class = r.oom;
+    ContextMemory* cp = where.cp;
+    if (cp == nullptr || !memory().serves_from_pool(call) || !poolable || capture_forbids_here())
+      return allocate_outside_hook<Api>(path, call.name, out, bytes, where, real_call, stream);
+    HookEvent ev(EventKind::alloc, call.name, path);
+    if (bytes == 0 && Api::zero_size_gives_null) {
+      *out = Ptr{};
+      ev.done(Api::ok, 0, 0, cp);
+      return Api::ok;
+    }
+    const AllocResult r = memory().allocate(*cp, bytes, call.name, ev.pool_state());
+    typename Api::Code rc = Api::ok;
+    if (r.ptr) {
+      *out = pointer<Ptr>(r.ptr);
+      if (pitch) *pitch = row;
+    } else {
+      Api::refused_here();
+      rc = Api::out_of_memory;
+      ev.r.oom_class = r.oom;
+    }
+    ev.done(rc, bytes, r.ptr, cp);
+    return rc;
   }
-  ev.done(rc, bytes, r.ptr, cp);
-  return rc;
 }
 
 // A free of memory outside the pools (stream-ordered, arrays): the driver's, then uncharged.
@@ -169,10 +177,7 @@ typename Api::Code free_any(Path path, const char* api, std::uint64_t ptr, RealF
       return rc;
     }
     std::size_t size = 0;
-    const FreeResult fr = cp->pool->deallocate(ptr, &size, ev.pool_state());
-    const auto rc = fr == FreeResult::freed ? Api::ok : Api::invalid;
-    if (fr == FreeResult::double_free)
-      log_warn(std::string(api) + " of a block that is already free (double free); the pool is unchanged");
+    const auto rc = memory().free(*cp, ptr, api, &size, ev.pool_state()) == FreeResult::freed ? Api::ok : Api::invalid;
     ev.done(rc, size, ptr, cp);
     return rc;
   }
@@ -241,12 +246,13 @@ Placement stream_ordered_placement(const void* stream, CUmemoryPool pool) {
 }
 
 // cudaMallocAsync and cuMemAlloc(FromPool)Async, legacy and per-thread flavours.
-template <typename Api, typename Ptr, typename Stream, typename RealCall>
-typename Api::Code stream_ordered_alloc(Path path, const char* api, bool per_thread, Ptr* out, std::size_t bytes,
-                                        Stream stream, RealCall&& real_call, CUmemoryPool pool = nullptr) {
+template <MemoryApi kApi, typename Api, typename Ptr, typename Stream, typename RealCall>
+typename Api::Code stream_ordered_alloc(Path path, bool per_thread, Ptr* out, std::size_t bytes, Stream stream,
+                                        RealCall&& real_call, CUmemoryPool pool = nullptr) {
   const void* s = stream;
   return outermost(out != nullptr && !graph_node(s, per_thread), real_call, [&] {
-    return allocate_outside_hook<Api>(path, api, out, bytes, stream_ordered_placement<Api>(s, pool), real_call, &s);
+    return allocate_hook<kApi, Api>(path, out, nullptr, bytes, 0, true, stream_ordered_placement<Api>(s, pool),
+                                    real_call, &s);
   });
 }
 
@@ -323,7 +329,8 @@ cudaError_t cudaMalloc(Path path, void** devPtr, size_t size) {
   auto real = CUPOOL_REAL(cudaMalloc);
   auto call = [&] { return real ? real(devPtr, size) : RuntimeApi::no_library; };
   return outermost(devPtr != nullptr, call, [&] {
-    return pool_allocate_hook<RuntimeApi>(path, "cudaMalloc", devPtr, nullptr, size, 0, true, runtime_pool(), call);
+    return allocate_hook<MemoryApi::cudaMalloc, RuntimeApi>(path, devPtr, nullptr, size, 0, true, runtime_pool(),
+                                                            call);
   });
 }
 
@@ -332,8 +339,8 @@ cudaError_t cudaMallocPitch(Path path, void** devPtr, size_t* pitch, size_t widt
   auto call = [&] { return real ? real(devPtr, pitch, width, height) : RuntimeApi::no_library; };
   return outermost(devPtr != nullptr && pitch != nullptr, call, [&] {
     const std::uint64_t row = round_pitch(width);
-    return pool_allocate_hook<RuntimeApi>(path, "cudaMallocPitch", devPtr, pitch, row * height, row,
-                                          width != 0 && height != 0, runtime_pool(), call);
+    return allocate_hook<MemoryApi::cudaMallocPitch, RuntimeApi>(path, devPtr, pitch, row * height, row,
+                                                                 width != 0 && height != 0, runtime_pool(), call);
   });
 }
 
@@ -341,19 +348,20 @@ cudaError_t cudaMallocManaged(Path path, void** devPtr, size_t size, unsigned in
   auto real = CUPOOL_REAL(cudaMallocManaged);
   auto call = [&] { return real ? real(devPtr, size, flags) : RuntimeApi::no_library; };
   return outermost(devPtr != nullptr, call, [&] {
-    return allocate_outside_hook<RuntimeApi>(path, "cudaMallocManaged", devPtr, size, runtime_pool(), call);
+    return allocate_hook<MemoryApi::cudaMallocManaged, RuntimeApi>(path, devPtr, nullptr, size, 0, true,
+                                                                   runtime_pool(), call);
   });
 }
 
 cudaError_t cudaMallocAsync(Path path, void** devPtr, size_t size, cudaStream_t stream) {
   auto real = CUPOOL_REAL(cudaMallocAsync);
-  return stream_ordered_alloc<RuntimeApi>(path, "cudaMallocAsync", false, devPtr, size, stream, [&] {
+  return stream_ordered_alloc<MemoryApi::cudaMallocAsync, RuntimeApi>(path, false, devPtr, size, stream, [&] {
     return real ? real(devPtr, size, stream) : RuntimeApi::no_library;
   });
 }
 cudaError_t cudaMallocAsync_ptsz(Path path, void** devPtr, size_t size, cudaStream_t stream) {
   auto real = CUPOOL_REAL(cudaMallocAsync_ptsz);
-  return stream_ordered_alloc<RuntimeApi>(path, "cudaMallocAsync_ptsz", true, devPtr, size, stream, [&] {
+  return stream_ordered_alloc<MemoryApi::cudaMallocAsync_ptsz, RuntimeApi>(path, true, devPtr, size, stream, [&] {
     return real ? real(devPtr, size, stream) : RuntimeApi::no_library;
   });
 }
@@ -392,8 +400,8 @@ CUresult cuMemAlloc_v2(Path path, CUdeviceptr* dptr, size_t bytesize) {
   auto real = CUPOOL_REAL(cuMemAlloc_v2);
   auto call = [&] { return real ? real(dptr, bytesize) : DriverApi::no_library; };
   return outermost(dptr != nullptr, call, [&] {
-    return pool_allocate_hook<DriverApi>(path, "cuMemAlloc_v2", dptr, nullptr, bytesize, 0, true,
-                                         DriverApi::context(bytesize), call);
+    return allocate_hook<MemoryApi::cuMemAlloc_v2, DriverApi>(path, dptr, nullptr, bytesize, 0, true,
+                                                              DriverApi::context(bytesize), call);
   });
 }
 
@@ -404,8 +412,8 @@ CUresult cuMemAllocPitch_v2(Path path, CUdeviceptr* dptr, size_t* pitch, size_t 
   return outermost(dptr != nullptr && pitch != nullptr, call, [&] {
     const std::uint64_t row = round_pitch(width);
     const bool valid_element = elementSize == 4 || elementSize == 8 || elementSize == 16;
-    return pool_allocate_hook<DriverApi>(path, "cuMemAllocPitch_v2", dptr, pitch, row * height, row,
-                                         width != 0 && height != 0 && valid_element, driver_pool(), call);
+    return allocate_hook<MemoryApi::cuMemAllocPitch_v2, DriverApi>(
+        path, dptr, pitch, row * height, row, width != 0 && height != 0 && valid_element, driver_pool(), call);
   });
 }
 
@@ -422,7 +430,8 @@ CUresult cuMemAllocManaged(Path path, CUdeviceptr* dptr, size_t bytesize, unsign
   auto real = CUPOOL_REAL(cuMemAllocManaged);
   auto call = [&] { return real ? real(dptr, bytesize, flags) : DriverApi::no_library; };
   return outermost(dptr != nullptr, call, [&] {
-    return allocate_outside_hook<DriverApi>(path, "cuMemAllocManaged", dptr, bytesize, driver_pool(), call);
+    return allocate_hook<MemoryApi::cuMemAllocManaged, DriverApi>(path, dptr, nullptr, bytesize, 0, true,
+                                                                  driver_pool(), call);
   });
 }
 
@@ -434,27 +443,27 @@ CUresult cuMemGetInfo_v2(Path path, size_t* free, size_t* total) {
 
 CUresult cuMemAllocAsync(Path path, CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
   auto real = CUPOOL_REAL(cuMemAllocAsync);
-  return stream_ordered_alloc<DriverApi>(path, "cuMemAllocAsync", false, dptr, bytesize, stream, [&] {
+  return stream_ordered_alloc<MemoryApi::cuMemAllocAsync, DriverApi>(path, false, dptr, bytesize, stream, [&] {
     return real ? real(dptr, bytesize, stream) : DriverApi::no_library;
   });
 }
 CUresult cuMemAllocAsync_ptsz(Path path, CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
   auto real = CUPOOL_REAL(cuMemAllocAsync_ptsz);
-  return stream_ordered_alloc<DriverApi>(path, "cuMemAllocAsync_ptsz", true, dptr, bytesize, stream, [&] {
+  return stream_ordered_alloc<MemoryApi::cuMemAllocAsync_ptsz, DriverApi>(path, true, dptr, bytesize, stream, [&] {
     return real ? real(dptr, bytesize, stream) : DriverApi::no_library;
   });
 }
 CUresult cuMemAllocFromPoolAsync(Path path, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
   auto real = CUPOOL_REAL(cuMemAllocFromPoolAsync);
-  return stream_ordered_alloc<DriverApi>(
-      path, "cuMemAllocFromPoolAsync", false, dptr, bytesize, stream,
+  return stream_ordered_alloc<MemoryApi::cuMemAllocFromPoolAsync, DriverApi>(
+      path, false, dptr, bytesize, stream,
       [&] { return real ? real(dptr, bytesize, pool, stream) : DriverApi::no_library; }, pool);
 }
 CUresult cuMemAllocFromPoolAsync_ptsz(Path path, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                       CUstream stream) {
   auto real = CUPOOL_REAL(cuMemAllocFromPoolAsync_ptsz);
-  return stream_ordered_alloc<DriverApi>(
-      path, "cuMemAllocFromPoolAsync_ptsz", true, dptr, bytesize, stream,
+  return stream_ordered_alloc<MemoryApi::cuMemAllocFromPoolAsync_ptsz, DriverApi>(
+      path, true, dptr, bytesize, stream,
       [&] { return real ? real(dptr, bytesize, pool, stream) : DriverApi::no_library; }, pool);
 }
 // Recorded at every depth (the runtime's cudaMemPoolCreate comes here from inside its own call).
@@ -490,7 +499,8 @@ CUresult cuArrayCreate_v2(Path path, CUarray* handle, const CUDA_ARRAY_DESCRIPTO
   auto call = [&] { return real ? real(handle, desc) : DriverApi::no_library; };
   const std::uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1) : 0;
   return outermost(handle != nullptr, call, [&] {
-    return allocate_outside_hook<DriverApi>(path, "cuArrayCreate_v2", handle, bytes, driver_pool(), call);
+    return allocate_hook<MemoryApi::cuArrayCreate_v2, DriverApi>(path, handle, nullptr, bytes, 0, true, driver_pool(),
+                                                                 call);
   });
 }
 
@@ -501,7 +511,8 @@ CUresult cuArray3DCreate_v2(Path path, CUarray* handle, const CUDA_ARRAY3D_DESCR
   const bool deferred = desc && (desc->Flags & CUDA_ARRAY3D_DEFERRED_MAPPING);
   const std::uint64_t bytes = desc && !deferred ? array3d_bytes(*desc, 1) : 0;
   return outermost(handle != nullptr, call, [&] {
-    return allocate_outside_hook<DriverApi>(path, "cuArray3DCreate_v2", handle, bytes, driver_pool(), call);
+    return allocate_hook<MemoryApi::cuArray3DCreate_v2, DriverApi>(path, handle, nullptr, bytes, 0, true, driver_pool(),
+                                                                   call);
   });
 }
 
@@ -512,7 +523,8 @@ CUresult cuMipmappedArrayCreate(Path path, CUmipmappedArray* handle, const CUDA_
   const bool deferred = desc && (desc->Flags & CUDA_ARRAY3D_DEFERRED_MAPPING);
   const std::uint64_t bytes = desc && !deferred ? array3d_bytes(*desc, levels) : 0;
   return outermost(handle != nullptr, call, [&] {
-    return allocate_outside_hook<DriverApi>(path, "cuMipmappedArrayCreate", handle, bytes, driver_pool(), call);
+    return allocate_hook<MemoryApi::cuMipmappedArrayCreate, DriverApi>(path, handle, nullptr, bytes, 0, true,
+                                                                       driver_pool(), call);
   });
 }
 

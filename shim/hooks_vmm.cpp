@@ -1,8 +1,9 @@
 // Virtual-memory hooks of the driver: cuMemCreate (physical memory, counted against the cap),
-// cuMemRelease, and the address-space and mapping calls. Under growth and preallocate, whole
-// mappings (one handle over one reservation of its size) are recycled by the VMM mapping cache
-// (policy/vmm_cache.h, owned by ProcessMemory): a call it serves makes no driver call and its
-// event says "recycled". Anything else goes to the driver.
+// cuMemRelease, and the address-space and mapping calls, each translated into ProcessMemory's
+// operation for it (policy/process_memory.h). Under growth and preallocate, whole mappings (one
+// handle over one reservation of its size) are recycled by the VMM mapping cache (policy/
+// vmm_cache.h, owned by ProcessMemory): a call it serves makes no driver call and its event says
+// "recycled". Anything else goes to the driver.
 #include <cstring>
 
 #include "hook_table.h"
@@ -54,35 +55,36 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
   auto real = CUPOOL_REAL(cuMemCreate);
   if (!scope.outermost() || handle == nullptr) return real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
   initialize();
-  HookEvent ev(EventKind::vmm_create, "cuMemCreate", path);
+  constexpr const MemoryCall& call = memory_call(MemoryApi::cuMemCreate);
+  HookEvent ev(EventKind::vmm_create, call.name, path);
   // The memory is on the device prop->location names, which need not be the calling thread's
   // context's, and the thread needs no context at all (issue 25): it is charged there. Host
   // memory (a host location) is recorded and charged nowhere.
   const bool on_device = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
   const Placement where = on_device ? placed_on_device(prop->location.id) : Placement{};
   ContextMemory* cp = where.cp;
-  VmmCache* cache = vmm_cache();
-  // Recycled only on the device of the context, whose fences cover the work that used it.
-  const bool cacheable = cache && cp && flags == 0;
   VmmProps key;
-  if (cacheable) {
-    key = pack_props(*prop);
-    if (const std::uint64_t h = cache->take(cp->upstream, size, key, cp->pool->has_room(size))) {
-      *handle = h;
-      ev.r.recycled = true;
-      ev.done(CUDA_SUCCESS, size, h, cp);
-      return CUDA_SUCCESS;
-    }
+  if (cp && flags == 0) key = pack_props(*prop);
+  CUresult rc = CUDA_SUCCESS;
+  bool recycled = false;
+  const std::uint64_t h =
+      memory().vmm_create(cp, size, cp && flags == 0 ? &key : nullptr, &recycled, [&]() -> std::uint64_t {
+        std::uint64_t made = 0;
+        rc = outside_allocate<DriverApi>(where, size, call.name, &made, [&] {
+          CUresult r = real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
+          made = *handle;
+          return r;
+        });
+        return rc == CUDA_SUCCESS ? made : 0;
+      });
+  if (recycled) {
+    *handle = h;
+    ev.r.recycled = true;
+    ev.done(CUDA_SUCCESS, size, h, cp);
+    return CUDA_SUCCESS;
   }
-  std::uint64_t key_handle = 0;
-  CUresult rc = outside_allocate<DriverApi>(where, size, "cuMemCreate", &key_handle, [&] {
-    CUresult r = real ? real(handle, size, prop, flags) : CUDA_ERROR_NOT_INITIALIZED;
-    key_handle = *handle;
-    return r;
-  });
-  if (rc == CUDA_SUCCESS && cacheable) cache->created(cp->upstream, key_handle, size, key);
   ev.r.device = static_cast<std::int16_t>(where.device);
-  ev.done(rc, size, rc == CUDA_SUCCESS ? key_handle : 0, cp);
+  ev.done(rc, size, h, cp);
   return rc;
 }
 
@@ -92,32 +94,34 @@ CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
   if (!scope.outermost()) return real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
   initialize();
   HookEvent ev(EventKind::vmm_release, "cuMemRelease", path);
-  if (VmmCache* cache = vmm_cache()) {
-    std::uint64_t size = 0;
-    if (cache->release(handle, &size) == VmmCache::Verdict::served) {
-      ev.r.recycled = true;  // kept, and still charged, until it is reused or given back
-      ev.done(CUDA_SUCCESS, size, handle, driver_pool());
-      return CUDA_SUCCESS;
-    }
-  }
-  CUresult rc = real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
+  CUresult rc = CUDA_SUCCESS;
   std::uint64_t bytes = 0;
   ContextMemory* owner = nullptr;
   int device = -1;
-  if (rc == CUDA_SUCCESS) forget_outside(handle, &bytes, &owner, &device);
+  const bool kept = memory().vmm_release(
+      handle,
+      [&] {
+        rc = real ? real(handle) : CUDA_ERROR_NOT_INITIALIZED;
+        return rc == CUDA_SUCCESS;
+      },
+      &bytes, &owner, &device);
+  if (kept) {
+    ev.r.recycled = true;  // kept, and still charged, until it is reused or given back
+    ev.done(CUDA_SUCCESS, bytes, handle, driver_pool());
+    return CUDA_SUCCESS;
+  }
   ev.r.device = static_cast<std::int16_t>(device);
   ev.done(rc, bytes, handle, owner);
   return rc;
 }
 
 namespace {
-// An address-space or mapping call on `ptr`: one event; served by the cache when `serve` (given
-// the cache) says so, else the real call, after which `done` (given the cache and the result)
-// lets the cache learn what the driver did.
-template <typename Call, typename Serve, typename Done>
+// An address-space or mapping call on `ptr`: one event; `run` (given the real call, as a driver
+// step returning true on success) runs ProcessMemory's operation for it, which says whether the
+// cache served it.
+template <typename Call, typename Run>
 CUresult vmm_range_call(Path path, EventKind kind, const char* api, CUdeviceptr ptr, size_t size, Call&& call,
-                        Serve&& serve, Done&& done, const CUmemGenericAllocationHandle* mapped = nullptr,
-                        size_t offset = 0) {
+                        Run&& run, const CUmemGenericAllocationHandle* mapped = nullptr, size_t offset = 0) {
   HookScope scope;
   if (!scope.outermost()) return call();
   initialize();
@@ -127,19 +131,15 @@ CUresult vmm_range_call(Path path, EventKind kind, const char* api, CUdeviceptr 
     ev.r.handle = *mapped;
     ev.r.offset = offset;
   }
-  VmmCache* cache = vmm_cache();
-  CUresult rc;
-  if (cache && serve(*cache) == VmmCache::Verdict::served) {
+  CUresult rc = CUDA_SUCCESS;
+  if (run([&] {
+        rc = call();
+        return rc == CUDA_SUCCESS;
+      }))
     ev.r.recycled = true;
-    rc = CUDA_SUCCESS;
-  } else {
-    rc = call();
-    if (cache) done(*cache, rc);
-  }
   ev.done(rc, size, ptr, driver_pool());
   return rc;
 }
-void nothing_learned(VmmCache&, CUresult) {}
 }  // namespace
 
 // Address-space and mapping calls: recorded; the cache may serve them.
@@ -149,11 +149,7 @@ CUresult cuMemMap(Path path, CUdeviceptr ptr, size_t size, size_t offset, CUmemG
   return vmm_range_call(
       path, EventKind::vmm_map, "cuMemMap", ptr, size,
       [&] { return real ? real(ptr, size, offset, handle, flags) : CUDA_ERROR_NOT_INITIALIZED; },
-      [&](VmmCache& c) { return flags == 0 ? c.map(ptr, size, offset, handle) : VmmCache::Verdict::forward; },
-      [&](VmmCache& c, CUresult rc) {
-        if (rc == CUDA_SUCCESS) c.map_done(ptr, size, offset, handle);
-      },
-      &handle, offset);
+      [&](auto&& driver) { return memory().vmm_map(ptr, size, offset, handle, flags == 0, driver); }, &handle, offset);
 }
 
 CUresult cuMemUnmap(Path path, CUdeviceptr ptr, size_t size) {
@@ -161,7 +157,7 @@ CUresult cuMemUnmap(Path path, CUdeviceptr ptr, size_t size) {
   return vmm_range_call(
       path, EventKind::vmm_unmap, "cuMemUnmap", ptr, size,
       [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; },
-      [&](VmmCache& c) { return c.unmap(ptr, size); }, nothing_learned);
+      [&](auto&& driver) { return memory().vmm_unmap(ptr, size, driver); });
 }
 
 // Not an event of its own: the mapping's events say enough.
@@ -188,25 +184,18 @@ CUresult cuMemAddressReserve(Path path, CUdeviceptr* ptr, size_t size, size_t al
   if (!scope.outermost()) return call();
   initialize();
   HookEvent ev(EventKind::va_reserve, "cuMemAddressReserve", path);
-  VmmCache* cache = vmm_cache();
-  CUresult rc = CUDA_ERROR_INVALID_VALUE;
-  CUdeviceptr out = 0;
-  bool served = false;
-  if (cache && ptr && addr == 0 && flags == 0) {
-    if (const std::uint64_t va = cache->reserve(size, alignment)) {
-      *ptr = out = va;
-      rc = CUDA_SUCCESS;
-      served = true;
-      ev.r.recycled = true;
-    }
-  }
-  if (!served) {
-    if (cache && addr != 0) cache->before_reserve_at(addr, size);
-    rc = call();
-    if (rc == CUDA_SUCCESS && ptr) {
-      out = *ptr;
-      if (cache && flags == 0) cache->reserved(out, size);
-    }
+  CUresult rc = CUDA_SUCCESS;
+  bool recycled = false;
+  const std::uint64_t out = memory().vmm_reserve(size, alignment, addr, flags == 0, ptr && addr == 0 && flags == 0,
+                                                 &recycled, [&](std::uint64_t* va) {
+                                                   rc = call();
+                                                   if (rc != CUDA_SUCCESS || ptr == nullptr) return false;
+                                                   *va = *ptr;
+                                                   return true;
+                                                 });
+  if (recycled) {
+    *ptr = out;
+    ev.r.recycled = true;
   }
   ev.done(rc, size, out, driver_pool());
   return rc;
@@ -217,7 +206,7 @@ CUresult cuMemAddressFree(Path path, CUdeviceptr ptr, size_t size) {
   return vmm_range_call(
       path, EventKind::va_free, "cuMemAddressFree", ptr, size,
       [&] { return real ? real(ptr, size) : CUDA_ERROR_NOT_INITIALIZED; },
-      [&](VmmCache& c) { return c.address_free(ptr, size); }, nothing_learned);
+      [&](auto&& driver) { return memory().vmm_address_free(ptr, size, driver); });
 }
 
 // A handle shared with another process lives on there: it must never be recycled here.

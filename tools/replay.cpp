@@ -16,19 +16,6 @@ namespace {
 
 std::uint64_t replay_clock(void* ctx) { return *static_cast<const std::uint64_t*>(ctx); }
 
-// The calls the shim serves from a pool (when the policy pools): shim/hooks_alloc.cpp.
-bool pool_serves(const Event& e) {
-  if (e.has_pool) return true;
-  static const std::string_view kPoolApis[] = {"cudaMalloc", "cudaMallocPitch", "cuMemAlloc_v2", "cuMemAllocPitch_v2",
-                                               "cuMemAlloc", "cuMemAllocPitch"};
-  for (std::string_view api : kPoolApis)
-    if (e.api == api) return true;
-  return false;
-}
-
-// Managed memory is not device memory until it is touched: it is charged, not placed.
-bool takes_device_memory(const Event& e) { return e.api.find("Managed") == std::string::npos; }
-
 // The recorded process, as if it had run under the replayed configuration.
 TraceMeta replayed_meta(TraceMeta meta, const Config& config, const std::string& name) {
   meta.config = config;
@@ -130,10 +117,6 @@ struct Replayer::Run : public PoolObserver {
   std::uint32_t tid = 0;
   std::uint64_t line = 0;
 
-  struct Outside {
-    std::uint64_t bytes = 0;
-    ReplayContext* context = nullptr;  // where it took device memory (nullptr: none)
-  };
   struct Process;
   // The calls the VMM mapping cache makes itself, on the simulated device: giving a kept
   // mapping's memory back. Address space is not modelled.
@@ -166,7 +149,6 @@ struct Replayer::Run : public PoolObserver {
       std::unordered_map<std::uint64_t, std::uint64_t> early_frees;   // recorded ptr -> free's time
     };
     std::map<int, OnDevice> on_device;
-    std::unordered_map<std::uint64_t, Outside> outside;             // replayed -> where it lives
     std::uint64_t next_host_key = 1ull << 62;  // keys of allocations that take no device memory
   };
   std::map<int, std::unique_ptr<SimUpstream>> devices;
@@ -218,16 +200,6 @@ struct Replayer::Run : public PoolObserver {
   // Cache-served events' in_use and cached, as the trace writer derives them.
   trace::PoolStateDerivation derived;
 
-  // The class of a refusal on `device` by process `source`'s memory. The cap is the device's
-  // size when no limit is set: then a refusal at the cap is of class device, as the pool's own
-  // growth rule says (policy/context_pool.cpp, grow()). The pool's last resort (a preallocation
-  // that may not grow, used up) names limit whatever the configuration: not repeated here.
-  OomClass refusal_class(OomClass c, std::size_t of, int device) const {
-    auto p = procs.find(of);
-    if (c != OomClass::limit || p == procs.end() || p->second.config.limit.for_device(device)) return c;
-    return OomClass::device;
-  }
-
   // The pools' own events (grow, release, oom, fence_retired) join the replayed stream.
   void pool_event(const PoolEvent& pe) override {
     const trace::Record r = trace::record_of(pe);
@@ -238,7 +210,8 @@ struct Replayer::Run : public PoolObserver {
     e.t_ns = now;
     e.dur_ns = 0;
     e.tid = tid;  // the thread whose call this is, so an oom pairs with its failed alloc
-    if (e.kind == EventKind::oom) e.oom_class = refusal_class(e.oom_class, source, e.device);
+    if (auto p = procs.find(source); e.kind == EventKind::oom && p != procs.end() && p->second.memory)
+      e.oom_class = p->second.memory->refusal_class(e.oom_class, e.device);
     analysis.add(source, e, line);
   }
 
@@ -259,13 +232,51 @@ struct Replayer::Run : public PoolObserver {
     if (e.has_pool) derived.apply(e.pool);
     analysis.add(source, e, line);
   }
+
+  // One recorded event of process `source`, replayed: the process and its context on the event's
+  // device are made at first use (on a simulated device of `capacity`), then the event's call
+  // runs on its ProcessMemory.
+  void replay(std::size_t source, const Event& e, TraceInput& input, const ReplayOptions& options, bool streams,
+              std::uint64_t capacity);
+
+ private:
+  Process& process(std::size_t source, TraceInput& input, const ReplayOptions& options, bool streams);
+  ContextMemory* context(Process& proc, int device, std::uint64_t capacity);
+
+  // The event being replayed, and where it lands.
+  struct Here {
+    const Event& e;
+    Process& proc;
+    ProcessMemory& memory;
+    ContextMemory& ctx;  // the process's context on the event's device
+    Process::OnDevice& on;
+  };
+  // One operation per kind of event: ProcessMemory's operation in trace terms.
+  void alloc(Here& h);
+  void free_ptr(Here& h);
+  void vmm_create(Here& h);
+  void vmm_release(Here& h);
+  void va_reserve(Here& h);
+  void vmm_map(Here& h);
+  void vmm_unmap(Here& h);
+  void va_free(Here& h);
+  void context_reset(Here& h);
+
+  // Memory outside the pools, as the shim's hooks take it: charged, then placed on the device
+  // (`on_device`). The replayed key, 0 if refused (`refusal`: the class of a refusal, else none).
+  std::uint64_t allocate_outside(Here& h, std::uint64_t bytes, bool on_device, OomClass* refusal);
+  // Memory outside the pools, freed: uncharged, and the simulated device gets it back. False: not outside memory.
+  static bool free_outside(Process& proc, std::uint64_t replayed);
+  // As the shim's cuMemRelease: the cache keeps the mapping (still charged), or the driver releases it.
+  void release_handle(Here& h, std::uint64_t handle);
+  void free_replayed(Here& h, std::uint64_t replayed);  // whatever it was: a pool's block or outside memory
 };
 
 bool Replayer::Run::ReplayVmm::release(std::uint64_t handle) {
-  auto it = p_.outside.find(handle);
-  if (it == p_.outside.end()) return false;
-  if (it->second.context) it->second.context->release(handle, it->second.bytes);
-  p_.outside.erase(it);
+  std::uint64_t bytes = 0;
+  ContextMemory* owner = nullptr;
+  if (!p_.memory->find_outside(handle, &bytes, &owner)) return false;
+  if (owner) owner->upstream->release(handle, bytes);
   return true;
 }
 
@@ -303,6 +314,26 @@ std::uint64_t Replayer::capacity(int device) const {
   return it == capacities_.end() ? 0 : it->second;
 }
 
+namespace {
+// The kinds of event replay runs (on a device); others are the recording's alone.
+bool replayed_kind(EventKind k) {
+  switch (k) {
+    case EventKind::alloc:
+    case EventKind::free:
+    case EventKind::context_reset:
+    case EventKind::vmm_create:
+    case EventKind::vmm_release:
+    case EventKind::va_reserve:
+    case EventKind::vmm_map:
+    case EventKind::vmm_unmap:
+    case EventKind::va_free:
+      return true;
+    default:
+      return false;
+  }
+}
+}  // namespace
+
 void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
   if (!started_) {
     for (auto& run : runs_) run->analysis.set_origin(e.t_ns);  // the merged stream's first event
@@ -315,13 +346,7 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
     streams_seen_.insert(source);
     return;
   }
-  const bool replayed = (e.kind == EventKind::alloc || e.kind == EventKind::free ||
-                         e.kind == EventKind::context_reset || e.kind == EventKind::vmm_create ||
-                         e.kind == EventKind::vmm_release || e.kind == EventKind::va_reserve ||
-                         e.kind == EventKind::vmm_map || e.kind == EventKind::vmm_unmap ||
-                         e.kind == EventKind::va_free) &&
-                        e.device >= 0;
-  if (!replayed) return;
+  if (!replayed_kind(e.kind) || e.device < 0) return;
   if (e.kind == EventKind::alloc && e.size == 0) {
     ++skipped_;
     return;
@@ -336,285 +361,279 @@ void Replayer::visit(std::size_t source, const Event& e, TraceInput& input) {
         if (d.index == e.device) cap = d.total_bytes;
     capacities_[e.device] = cap ? cap : ReplayOptions::kDefaultCapacity;
   }
-  const std::uint64_t capacity = capacities_[e.device];
-
-  for (auto& run_ptr : runs_) {
-    Run& run = *run_ptr;
-    run.now = e.t_ns;
-    run.source = source;
-    run.tid = e.tid;
-    run.line = input.line();
-
-    auto proc_it = run.procs.find(source);
-    if (proc_it == run.procs.end()) {
-      Run::Process fresh;
-      if (run.policy.recorded) {
-        if (!input.meta().config)
-          throw TraceError(input.meta().path + ": cannot replay under the recorded configuration: " +
-                           input.meta().config_error);
-        fresh.config = *input.meta().config;
-      } else {
-        fresh.config = run.policy.config;
-      }
-      if (options_.share_limit) {
-        fresh.config.share = "replay";
-        fresh.config.share_limit = *options_.share_limit;
-        fresh.config.share_wait_ns = options_.share_wait_ns;
-      }
-      fresh.streams_seen = streams_seen_.count(source) > 0;
-      proc_it = run.procs.emplace(source, std::move(fresh)).first;
-      Run::Process& p = proc_it->second;
-      const TraceMeta& meta = input.meta();
-      p.replays_vmm_cache = meta.format_major > 2 || (meta.format_major == 2 && meta.format_minor >= 2);
-      p.vmm = std::make_unique<Run::ReplayVmm>(p);
-      if (run.budget) {
-        p.member = run.budget->another_member();
-        p.member->wait_by([&run, source] { run.give_back_others(source); });
-      }
-      p.memory = std::make_unique<ProcessMemory>(p.config, &run, p.replays_vmm_cache ? p.vmm.get() : nullptr,
-                                                 p.member.get());
-      p.memory->set_warnings(false);
-      if (VmmCache* cache = p.memory->vmm_cache()) cache->set_recorded_thread(&run.tid);
-    }
-    Run::Process& proc = proc_it->second;
-    while (run.analysis.sources().size() <= source)
-      run.analysis.add_source(replayed_meta(input.meta(), proc.config, run.policy.name));
-
-    auto& dev = run.devices[e.device];
-    if (!dev) {
-      dev = std::make_unique<SimUpstream>(capacity, ReplayOptions::kDeviceGranularity);
-      dev->set_needs_fences(false);  // ReplayContext decides, per process
-    }
-    if (!proc.context_key.count(e.device)) proc.context_key[e.device] = proc.next_context++;
-    const std::uint64_t key = proc.context_key[e.device];
-    ContextMemory* ctx = proc.memory->find_or_add(key, [&](ContextMemory& c) {
-      c.device = e.device;
-      proc.contexts.push_back(std::make_unique<ReplayContext>(*dev, proc.streams_seen));
-      c.upstream = proc.contexts.back().get();
-      return true;
-    });
-    if (ctx == nullptr) continue;  // more contexts than a process may have: the shim refuses them too
-    if (ctx->pool) {
-      ctx->pool->set_clock(&replay_clock, &run.now);
-      ctx->pool->set_recorded_thread(&run.tid);  // each recorded thread its own cache
-    }
-    auto* context = static_cast<ReplayContext*>(ctx->upstream);
-    ProcessMemory& memory = *proc.memory;
-    auto& ptrs = proc.on_device[e.device].ptrs;
-    auto& early_frees = proc.on_device[e.device].early_frees;
-
-    // Memory outside the pools, as the shim's hooks take it: charged, then placed on the device.
-    // `refusal`: the class of a refusal (none when it succeeded).
-    auto allocate_outside = [&](std::uint64_t bytes, bool on_device, OomClass* refusal) -> std::uint64_t {
-      std::uint64_t got = 0;
-      const OutsideAnswer answer = memory.allocate_outside(ctx, bytes, e.api.c_str(), [&](std::uint64_t* made) {
-        if (!on_device) {
-          *made = got = proc.next_host_key++;
-          return OutsideAnswer::ok;
-        }
-        int code = 0;
-        if (context->reserve(bytes, &got, &code) != UpstreamStatus::ok) return OutsideAnswer::out_of_memory;
-        *made = got;
-        return OutsideAnswer::ok;
-      });
-      *refusal = answer == OutsideAnswer::ok                 ? OomClass::none
-                 : answer == OutsideAnswer::refused_by_cap   ? run.refusal_class(OomClass::limit, source, e.device)
-                 : answer == OutsideAnswer::refused_by_share ? OomClass::share
-                                                             : OomClass::device;
-      if (answer != OutsideAnswer::ok) {
-        // The budget's refusal is an out-of-memory of class share, as the pool's is (the shim
-        // records none for memory outside the pools: the class would read "device").
-        if (answer == OutsideAnswer::refused_by_share) {
-          PoolEvent oom;
-          oom.kind = PoolEvent::Kind::oom;
-          oom.size = bytes;
-          oom.device = e.device;
-          oom.oom = OomClass::share;
-          run.pool_event(oom);
-        }
-        return 0;
-      }
-      proc.outside[got] = Run::Outside{bytes, on_device ? context : nullptr};
-      return got;
-    };
-    auto free_outside = [&](std::uint64_t replayed) {
-      auto it = proc.outside.find(replayed);
-      if (it == proc.outside.end()) return false;
-      if (it->second.context) it->second.context->release(replayed, it->second.bytes);
-      proc.outside.erase(it);
-      memory.forget_outside(replayed);
-      return true;
-    };
-    // As the shim's cuMemRelease: the cache keeps the mapping (still charged), or the driver
-    // releases it and it is uncharged.
-    auto release_handle = [&](const Event& recorded, std::uint64_t handle) {
-      VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
-      std::uint64_t kept = 0;
-      Event v = recorded;
-      v.kind = EventKind::vmm_release;
-      v.rc = 0;
-      v.ptr = handle;
-      v.t_ns = run.now;
-      v.dur_ns = 0;
-      v.has_pool = false;
-      v.recycled = cache && cache->release(handle, &kept) == VmmCache::Verdict::served;
-      if (v.recycled) {
-        v.size = kept;
-      } else {
-        v.size = proc.outside.count(handle) ? proc.outside[handle].bytes : 0;
-        free_outside(handle);
-      }
-      run.analysis.add(source, v, run.line);
-    };
-    auto free_replayed = [&](const Event& recorded, std::uint64_t replayed) {
-      if (free_outside(replayed)) {
-        run.emit(recorded, EventKind::free, 0, replayed, 0, nullptr);
-        return;
-      }
-      std::size_t size = 0;
-      trace::PoolState state;
-      ctx->pool->deallocate(replayed, &size, &state);
-      run.emit(recorded, EventKind::free, size, replayed, 0, &state);
-    };
-
-    switch (e.kind) {
-      case EventKind::alloc: {
-        std::uint64_t ptr = 0;
-        OomClass refusal = OomClass::none;
-        if (memory.pooled() && pool_serves(e)) {
-          trace::PoolState state;
-          const AllocResult r = memory.allocate(*ctx, e.size, e.api.c_str(), &state);
-          ptr = r.ptr;
-          refusal = r.oom == OomClass::none ? OomClass::device : run.refusal_class(r.oom, source, e.device);
-          run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, &state);
-        } else {
-          ptr = allocate_outside(e.size, takes_device_memory(e), &refusal);
-          run.emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, nullptr);
-        }
-        if (!ptr) run.refused(e, refusal);
-        bool freed_already = false;
-        if (auto early = early_frees.find(e.ptr); e.rc == 0 && early != early_frees.end()) {
-          // Its free came first in the file (another thread's line): it is freed at once.
-          freed_already = early->second >= e.t_ns;
-          early_frees.erase(early);
-        }
-        if (e.rc == 0 && e.ptr && !freed_already) {
-          ptrs[e.ptr] = ptr;
-        } else if (ptr) {
-          // The recorded program got nothing and kept nothing (or freed it already): give it back.
-          free_replayed(e, ptr);
-        }
-        break;
-      }
-      case EventKind::free: {
-        auto it = ptrs.find(e.ptr);
-        if (it == ptrs.end()) {
-          // Allocated before the trace began, or its allocation is yet to come in the file.
-          if (e.ptr) early_frees[e.ptr] = e.t_ns;
-          break;
-        }
-        const std::uint64_t ptr = it->second;
-        ptrs.erase(it);
-        if (ptr) free_replayed(e, ptr);  // 0: its allocation failed in this replay
-        break;
-      }
-      case EventKind::vmm_create: {
-        // As the shim's cuMemCreate: a safe kept mapping of this size is handed out again (the
-        // mapping cache, when the trace lets it be replayed), else the driver makes one, charged.
-        // Tried whatever the recording got; what the program did not keep goes back at once.
-        VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
-        std::uint64_t handle = cache ? cache->take(ctx->upstream, e.size, VmmProps{}, ctx->pool->has_room(e.size)) : 0;
-        const bool recycled = handle != 0;
-        if (!recycled) {
-          OomClass refusal = OomClass::none;
-          handle = allocate_outside(e.size, true, &refusal);
-          if (handle && cache) cache->created(ctx->upstream, handle, e.size, VmmProps{});
-          if (!handle) run.refused(e, refusal);
-        }
-        Event v = e;
-        v.recycled = recycled;
-        v.rc = handle ? 0 : SimUpstream::kOutOfMemoryCode;
-        v.ptr = handle;
-        v.t_ns = run.now;
-        v.dur_ns = 0;
-        v.has_pool = false;
-        run.analysis.add(source, v, run.line);
-        if (handle && e.rc == 0) {
-          ptrs[e.ptr] = handle;
-        } else if (handle) {
-          release_handle(e, handle);
-        }
-        break;
-      }
-      case EventKind::vmm_release: {
-        auto it = ptrs.find(e.ptr);
-        if (e.rc != 0 || it == ptrs.end()) break;
-        const std::uint64_t handle = it->second;
-        ptrs.erase(it);
-        release_handle(e, handle);
-        break;
-      }
-      case EventKind::va_reserve: {
-        if (e.rc != 0 || !proc.replays_vmm_cache) break;
-        VmmCache* cache = memory.vmm_cache();
-        std::uint64_t va = cache ? cache->reserve(e.size, 0) : 0;
-        if (va == 0) {
-          va = proc.next_va;
-          proc.next_va += (e.size + (2u << 20) - 1) / (2u << 20) * (2u << 20);
-          if (cache) cache->reserved(va, e.size);
-        }
-        proc.vas[e.ptr] = va;
-        break;
-      }
-      case EventKind::vmm_map: {
-        VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
-        auto va = proc.vas.find(e.ptr);
-        auto handle = ptrs.find(e.handle);
-        if (e.rc != 0 || !cache || !e.has_handle || va == proc.vas.end() || handle == ptrs.end()) break;
-        if (cache->map(va->second, e.size, e.offset, handle->second) == VmmCache::Verdict::forward)
-          cache->map_done(va->second, e.size, e.offset, handle->second);
-        break;
-      }
-      case EventKind::vmm_unmap: {
-        VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
-        auto va = proc.vas.find(e.ptr);
-        if (e.rc != 0 || !cache || va == proc.vas.end()) break;
-        cache->unmap(va->second, e.size);
-        break;
-      }
-      case EventKind::va_free: {
-        VmmCache* cache = proc.replays_vmm_cache ? memory.vmm_cache() : nullptr;
-        auto va = proc.vas.find(e.ptr);
-        if (e.rc != 0 || va == proc.vas.end()) break;
-        if (cache) cache->address_free(va->second, e.size);
-        proc.vas.erase(va);
-        break;
-      }
-      case EventKind::context_reset: {
-        // The context and all its memory are gone: the driver gets everything back.
-        memory.drop(key, [](ContextMemory& c) { static_cast<ReplayContext*>(c.upstream)->detach(); });
-        for (auto it = proc.outside.begin(); it != proc.outside.end();)
-          it = it->second.context == context ? proc.outside.erase(it) : std::next(it);
-        proc.context_key.erase(e.device);
-        proc.on_device.erase(e.device);
-        Event r = e;
-        r.t_ns = run.now;
-        run.analysis.add(source, r, run.line);
-        break;
-      }
-      default:
-        break;
-    }
-    if (run.budget) {
-      std::uint64_t& peak = run.share_peak[e.device];
-      peak = std::max(peak, run.budget->held_total(e.device));
-    }
-  }
+  for (auto& run : runs_)
+    run->replay(source, e, input, options_, streams_seen_.count(source) > 0, capacities_[e.device]);
   for (const auto& run : runs_) {
     if ((options_.stop == ReplayOptions::Stop::failure && run->first_failure) ||
         (options_.stop == ReplayOptions::Stop::share_refusal && run->first_refusal))
       throw Stopped{};
   }
+}
+
+void Replayer::Run::replay(std::size_t of, const Event& e, TraceInput& input, const ReplayOptions& options,
+                           bool streams, std::uint64_t capacity) {
+  now = e.t_ns;
+  source = of;
+  tid = e.tid;
+  line = input.line();
+  Process& proc = process(of, input, options, streams);
+  ContextMemory* ctx = context(proc, e.device, capacity);
+  if (ctx == nullptr) return;  // more contexts than a process may have: the shim refuses them too
+  Here h{e, proc, *proc.memory, *ctx, proc.on_device[e.device]};
+  switch (e.kind) {
+    case EventKind::alloc: alloc(h); break;
+    case EventKind::free: free_ptr(h); break;
+    case EventKind::vmm_create: vmm_create(h); break;
+    case EventKind::vmm_release: vmm_release(h); break;
+    case EventKind::va_reserve: va_reserve(h); break;
+    case EventKind::vmm_map: vmm_map(h); break;
+    case EventKind::vmm_unmap: vmm_unmap(h); break;
+    case EventKind::va_free: va_free(h); break;
+    case EventKind::context_reset: context_reset(h); break;
+    default: break;
+  }
+  if (budget) {
+    std::uint64_t& peak = share_peak[e.device];
+    peak = std::max(peak, budget->held_total(e.device));
+  }
+}
+
+Replayer::Run::Process& Replayer::Run::process(std::size_t of, TraceInput& input, const ReplayOptions& options,
+                                               bool streams) {
+  auto it = procs.find(of);
+  if (it == procs.end()) {
+    Process fresh;
+    if (policy.recorded) {
+      if (!input.meta().config)
+        throw TraceError(input.meta().path + ": cannot replay under the recorded configuration: " +
+                         input.meta().config_error);
+      fresh.config = *input.meta().config;
+    } else {
+      fresh.config = policy.config;
+    }
+    if (options.share_limit) {
+      fresh.config.share = "replay";
+      fresh.config.share_limit = *options.share_limit;
+      fresh.config.share_wait_ns = options.share_wait_ns;
+    }
+    fresh.streams_seen = streams;
+    it = procs.emplace(of, std::move(fresh)).first;
+    Process& p = it->second;
+    const TraceMeta& meta = input.meta();
+    p.replays_vmm_cache = meta.format_major > 2 || (meta.format_major == 2 && meta.format_minor >= 2);
+    p.vmm = std::make_unique<ReplayVmm>(p);
+    if (budget) {
+      p.member = budget->another_member();
+      p.member->wait_by([this, of] { give_back_others(of); });
+    }
+    p.memory = std::make_unique<ProcessMemory>(p.config, this, p.replays_vmm_cache ? p.vmm.get() : nullptr,
+                                               p.member.get());
+    p.memory->set_warnings(false);
+    if (VmmCache* cache = p.memory->vmm_cache()) cache->set_recorded_thread(&tid);
+  }
+  while (analysis.sources().size() <= of)
+    analysis.add_source(replayed_meta(input.meta(), it->second.config, policy.name));
+  return it->second;
+}
+
+ContextMemory* Replayer::Run::context(Process& proc, int device, std::uint64_t capacity) {
+  auto& dev = devices[device];
+  if (!dev) {
+    dev = std::make_unique<SimUpstream>(capacity, ReplayOptions::kDeviceGranularity);
+    dev->set_needs_fences(false);  // ReplayContext decides, per process
+  }
+  if (!proc.context_key.count(device)) proc.context_key[device] = proc.next_context++;
+  ContextMemory* ctx = proc.memory->find_or_add(proc.context_key[device], [&](ContextMemory& c) {
+    c.device = device;
+    proc.contexts.push_back(std::make_unique<ReplayContext>(*dev, proc.streams_seen));
+    c.upstream = proc.contexts.back().get();
+    return true;
+  });
+  if (ctx && ctx->pool) {
+    ctx->pool->set_clock(&replay_clock, &now);
+    ctx->pool->set_recorded_thread(&tid);  // each recorded thread its own cache
+  }
+  return ctx;
+}
+
+std::uint64_t Replayer::Run::allocate_outside(Here& h, std::uint64_t bytes, bool on_device, OomClass* refusal) {
+  std::uint64_t got = 0;
+  const OutsideAnswer answer = h.memory.allocate_outside(&h.ctx, bytes, h.e.api.c_str(), [&](std::uint64_t* made) {
+    if (!on_device) {
+      *made = got = h.proc.next_host_key++;
+      return OutsideAnswer::ok;
+    }
+    int code = 0;
+    if (h.ctx.upstream->reserve(bytes, &got, &code) != UpstreamStatus::ok)
+      return OutsideAnswer::out_of_memory;
+    *made = got;
+    return OutsideAnswer::ok;
+  });
+  *refusal = h.memory.refusal_class(answer, h.e.device);
+  // The budget's refusal is an out-of-memory of class share, as the pool's is (the shim records
+  // none for memory outside the pools: the class would read "device").
+  if (answer == OutsideAnswer::refused_by_share) {
+    PoolEvent oom;
+    oom.kind = PoolEvent::Kind::oom;
+    oom.size = bytes;
+    oom.device = h.e.device;
+    oom.oom = OomClass::share;
+    pool_event(oom);
+  }
+  return answer == OutsideAnswer::ok ? got : 0;
+}
+
+bool Replayer::Run::free_outside(Process& proc, std::uint64_t replayed) {
+  std::uint64_t bytes = 0;
+  ContextMemory* owner = nullptr;
+  if (!proc.memory->forget_outside(replayed, &bytes, &owner)) return false;
+  // Its context's simulated device gets back what it placed (managed memory: nothing).
+  if (owner) owner->upstream->release(replayed, bytes);
+  return true;
+}
+
+void Replayer::Run::release_handle(Here& h, std::uint64_t handle) {
+  std::uint64_t bytes = 0;
+  ContextMemory* owner = nullptr;
+  Event v = h.e;
+  v.kind = EventKind::vmm_release;
+  v.rc = 0;
+  v.ptr = handle;
+  v.t_ns = now;
+  v.dur_ns = 0;
+  v.has_pool = false;
+  v.recycled = h.memory.vmm_release(handle, [] { return true; }, &bytes, &owner);
+  if (!v.recycled && owner) owner->upstream->release(handle, bytes);
+  v.size = bytes;
+  analysis.add(source, v, line);
+}
+
+void Replayer::Run::free_replayed(Here& h, std::uint64_t replayed) {
+  if (free_outside(h.proc, replayed)) {
+    emit(h.e, EventKind::free, 0, replayed, 0, nullptr);
+    return;
+  }
+  std::size_t size = 0;
+  trace::PoolState state;
+  h.memory.free(h.ctx, replayed, h.e.api.c_str(), &size, &state);
+  emit(h.e, EventKind::free, size, replayed, 0, &state);
+}
+
+void Replayer::Run::alloc(Here& h) {
+  const Event& e = h.e;
+  // What the API does, by the table the shim's hooks use (policy/memory_calls.h); a call the
+  // recording's pool served is served by one here too, whatever its name.
+  const MemoryCall* call = find_memory_call(e.api);
+  std::uint64_t ptr = 0;
+  OomClass refusal = OomClass::none;
+  if ((e.has_pool && h.memory.pooled()) || (call && h.memory.serves_from_pool(*call))) {
+    trace::PoolState state;
+    const AllocResult r = h.memory.allocate(h.ctx, e.size, e.api.c_str(), &state);
+    ptr = r.ptr;
+    refusal = r.oom == OomClass::none ? OomClass::device : h.memory.refusal_class(r.oom, e.device);
+    emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, &state);
+  } else {
+    ptr = allocate_outside(h, e.size, call == nullptr || call->on_device(), &refusal);
+    emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, nullptr);
+  }
+  if (!ptr) refused(e, refusal);
+  bool freed_already = false;
+  if (auto early = h.on.early_frees.find(e.ptr); e.rc == 0 && early != h.on.early_frees.end()) {
+    // Its free came first in the file (another thread's line): it is freed at once.
+    freed_already = early->second >= e.t_ns;
+    h.on.early_frees.erase(early);
+  }
+  if (e.rc == 0 && e.ptr && !freed_already) {
+    h.on.ptrs[e.ptr] = ptr;
+  } else if (ptr) {
+    // The recorded program got nothing and kept nothing (or freed it already): give it back.
+    free_replayed(h, ptr);
+  }
+}
+
+void Replayer::Run::free_ptr(Here& h) {
+  auto it = h.on.ptrs.find(h.e.ptr);
+  if (it == h.on.ptrs.end()) {
+    // Allocated before the trace began, or its allocation is yet to come in the file.
+    if (h.e.ptr) h.on.early_frees[h.e.ptr] = h.e.t_ns;
+    return;
+  }
+  const std::uint64_t ptr = it->second;
+  h.on.ptrs.erase(it);
+  if (ptr) free_replayed(h, ptr);  // 0: its allocation failed in this replay
+}
+
+void Replayer::Run::vmm_create(Here& h) {
+  // As the shim's cuMemCreate (the mapping cache when the trace lets it be replayed). Tried
+  // whatever the recording got; what the program did not keep goes back at once.
+  const Event& e = h.e;
+  const VmmProps props{};
+  bool recycled = false;
+  OomClass refusal = OomClass::none;
+  const std::uint64_t handle = h.memory.vmm_create(&h.ctx, e.size, &props, &recycled,
+                                                   [&] { return allocate_outside(h, e.size, true, &refusal); });
+  if (!handle) refused(e, refusal);
+  Event v = e;
+  v.recycled = recycled;
+  v.rc = handle ? 0 : SimUpstream::kOutOfMemoryCode;
+  v.ptr = handle;
+  v.t_ns = now;
+  v.dur_ns = 0;
+  v.has_pool = false;
+  analysis.add(source, v, line);
+  if (handle && e.rc == 0) {
+    h.on.ptrs[e.ptr] = handle;
+  } else if (handle) {
+    release_handle(h, handle);
+  }
+}
+
+void Replayer::Run::vmm_release(Here& h) {
+  auto it = h.on.ptrs.find(h.e.ptr);
+  if (h.e.rc != 0 || it == h.on.ptrs.end()) return;
+  const std::uint64_t handle = it->second;
+  h.on.ptrs.erase(it);
+  release_handle(h, handle);
+}
+
+void Replayer::Run::va_reserve(Here& h) {
+  if (h.e.rc != 0 || !h.proc.replays_vmm_cache) return;
+  bool recycled = false;
+  h.proc.vas[h.e.ptr] = h.memory.vmm_reserve(h.e.size, 0, 0, true, true, &recycled, [&](std::uint64_t* va) {
+    *va = h.proc.next_va;  // address space is not modelled: 2 MiB-aligned addresses, never reused
+    h.proc.next_va += (h.e.size + (2u << 20) - 1) / (2u << 20) * (2u << 20);
+    return true;
+  });
+}
+
+void Replayer::Run::vmm_map(Here& h) {
+  auto va = h.proc.vas.find(h.e.ptr);
+  auto handle = h.on.ptrs.find(h.e.handle);
+  if (h.e.rc != 0 || !h.e.has_handle || va == h.proc.vas.end() || handle == h.on.ptrs.end()) return;
+  h.memory.vmm_map(va->second, h.e.size, h.e.offset, handle->second, true, [] { return true; });
+}
+
+void Replayer::Run::vmm_unmap(Here& h) {
+  auto va = h.proc.vas.find(h.e.ptr);
+  if (h.e.rc != 0 || va == h.proc.vas.end()) return;
+  h.memory.vmm_unmap(va->second, h.e.size, [] { return true; });
+}
+
+void Replayer::Run::va_free(Here& h) {
+  auto va = h.proc.vas.find(h.e.ptr);
+  if (h.e.rc != 0 || va == h.proc.vas.end()) return;
+  h.memory.vmm_address_free(va->second, h.e.size, [] { return true; });
+  h.proc.vas.erase(va);
+}
+
+void Replayer::Run::context_reset(Here& h) {
+  // The context and all its memory are gone: the driver gets everything back.
+  h.memory.drop(h.ctx.ctx, [](ContextMemory& c) { static_cast<ReplayContext*>(c.upstream)->detach(); });
+  h.proc.context_key.erase(h.e.device);
+  h.proc.on_device.erase(h.e.device);  // `h.on` with it
+  Event r = h.e;
+  r.t_ns = now;
+  analysis.add(source, r, line);
 }
 
 void Replayer::end(std::size_t source, std::uint64_t t, TraceInput&) {
@@ -625,7 +644,6 @@ void Replayer::end(std::size_t source, std::uint64_t t, TraceInput&) {
     proc.memory->drop_if([](const ContextMemory&) { return true; },
                          [](ContextMemory& c) { static_cast<ReplayContext*>(c.upstream)->detach(); });
     run->analysis.exit(source, t);  // as the recording's analysis does
-    proc.outside.clear();
     proc.context_key.clear();
     proc.on_device.clear();
   }
