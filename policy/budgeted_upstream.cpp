@@ -1,3 +1,5 @@
+// BudgetedUpstream's admission of a context's memory by the shared budget, and the allocation's
+// scope its waits share a deadline in (budgeted_upstream.h).
 #include "budgeted_upstream.h"
 
 #include "context_pool.h"
@@ -9,16 +11,14 @@ namespace {
 thread_local ShareAskScope* t_share_ask = nullptr;  // the innermost allocation of this thread
 }  // namespace
 
-ShareAskScope::ShareAskScope(std::size_t size_) : size(size_), outer_(t_share_ask) { t_share_ask = this; }
+ShareAskScope::ShareAskScope(std::size_t) : outer_(t_share_ask) { t_share_ask = this; }
 ShareAskScope::~ShareAskScope() { t_share_ask = outer_; }
 
-bool BudgetedUpstream::admit(std::size_t bytes) {
+bool BudgetedUpstream::admit(std::size_t bytes, bool may_wait) {
   if (share_.admit(c_.device, total(), bytes, 0)) return true;
   if (c_.pool) c_.pool->trim();  // the pool's lock is not held while it reserves
+  if (!may_wait) return share_.admit(c_.device, total(), bytes, 0);
   ShareAskScope* ask = t_share_ask;
-  constexpr std::uint64_t kChunk = ContextPool::kChunkGranularity;
-  if (ask && asks_smaller_ && bytes > (ask->size + kChunk - 1) / kChunk * kChunk)
-    return share_.admit(c_.device, total(), bytes, 0);
   std::uint64_t wait = wait_ns_;
   if (ask && wait > 0) {
     const std::uint64_t now = EventClock::now();

@@ -17,11 +17,10 @@ namespace cupool {
 // allocation waits for others at most CUPOOL_SHARE_WAIT in all, not that long at every ask.
 class ShareAskScope {
  public:
-  explicit ShareAskScope(std::size_t size);
+  explicit ShareAskScope(std::size_t /*what the program asked for: the budget needs it not*/ = 0);
   ~ShareAskScope();
   ShareAskScope(const ShareAskScope&) = delete;
   ShareAskScope& operator=(const ShareAskScope&) = delete;
-  std::size_t size = 0;           // what the program asked for
   std::uint64_t deadline_ns = 0;  // set at the first wait
  private:
   ShareAskScope* outer_;
@@ -33,12 +32,18 @@ class ShareAskScope {
 // status: the pool's out-of-memory class `share`.
 class BudgetedUpstream final : public Upstream {
  public:
-  BudgetedUpstream(Upstream& inner, SharedBudget& share, ContextMemory& c, std::uint64_t wait_ns, bool asks_smaller)
-      : inner_(inner), share_(share), c_(c), wait_ns_(wait_ns), asks_smaller_(asks_smaller) {}
+  BudgetedUpstream(Upstream& inner, SharedBudget& share, ContextMemory& c, std::uint64_t wait_ns)
+      : inner_(inner), share_(share), c_(c), wait_ns_(wait_ns) {}
   // What `cupool top` shows of this member, now (the periodic give-back calls it).
   void publish_now() { publish(); }
-  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override {
-    return admitted(bytes, driver_code, [&] { return inner_.reserve(bytes, base, driver_code); });
+  // Each ask is admitted on its own. One that a smaller ask follows waits for no one: the budget
+  // refuses it at once if it has no room, and only the smallest ask waits.
+  UpstreamStatus reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,
+                         int* driver_code) override {
+    return reserve_at_least(bytes, min_bytes, got, [&](std::size_t n, bool last) {
+      std::size_t exact = 0;
+      return admitted(n, last, driver_code, [&] { return inner_.reserve(n, n, base, &exact, driver_code); });
+    });
   }
   // May be called with the pool's lock held (a chunk the pool could not take): no publish here.
   void release(std::uint64_t base, std::size_t bytes) override {
@@ -59,7 +64,7 @@ class BudgetedUpstream final : public Upstream {
   }
   void free_address(std::uint64_t va, std::size_t bytes) override { inner_.free_address(va, bytes); }
   UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override {
-    return admitted(bytes, driver_code, [&] { return inner_.map(va, bytes, driver_code); });
+    return admitted(bytes, true, driver_code, [&] { return inner_.map(va, bytes, driver_code); });
   }
   void unmap(std::uint64_t va, std::size_t bytes) override {
     inner_.unmap(va, bytes);
@@ -68,11 +73,11 @@ class BudgetedUpstream final : public Upstream {
 
  private:
   std::uint64_t total() const { return c_.device_total; }
-  // Memory the budget admitted first, then taken from the driver (`take`); given back to the
-  // budget if the driver refuses.
+  // Memory the budget admitted first (waiting for room if `may_wait`), then taken from the driver
+  // (`take`); given back to the budget if the driver refuses.
   template <class Take>
-  UpstreamStatus admitted(std::size_t bytes, int* driver_code, Take take) {
-    if (!admit(bytes)) {
+  UpstreamStatus admitted(std::size_t bytes, bool may_wait, int* driver_code, Take take) {
+    if (!admit(bytes, may_wait)) {
       *driver_code = 0;
       return UpstreamStatus::share_exhausted;
     }
@@ -82,10 +87,9 @@ class BudgetedUpstream final : public Upstream {
     return st;
   }
   // No room: this process's own wholly free chunks go back first (they did not fit the request,
-  // but the room they free in the budget may). A growth chunk larger than the allocation needs is
-  // refused at once, since the pool then asks for just what it needs; that ask waits, and every
-  // wait of one allocation ends at one deadline.
-  bool admit(std::size_t bytes);
+  // but the room they free in the budget may). Then, `may_wait`, a wait for others to give some
+  // back; every wait of one allocation ends at one deadline.
+  bool admit(std::size_t bytes, bool may_wait);
   // What `cupool top` shows of this member: its figures at its last chunk taken (and at each
   // give-back). Called without the pool's lock.
   void publish();
@@ -94,7 +98,6 @@ class BudgetedUpstream final : public Upstream {
   SharedBudget& share_;
   ContextMemory& c_;
   const std::uint64_t wait_ns_;
-  const bool asks_smaller_;  // the growth policy: a refused chunk is asked for again, smaller
 };
 
 }  // namespace cupool

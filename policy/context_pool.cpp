@@ -1,5 +1,6 @@
+// ContextPool: one context's pool (context_pool.h): allocation and its miss path, the growth and
+// preallocate policies, free, thread caches, deferred frees' quarantine, the cap, queries, events.
 #include "context_pool.h"
-
 
 #include <algorithm>
 #include <array>
@@ -8,6 +9,7 @@
 
 #include "event_clock.h"
 #include "thread_id.h"
+#include "vmm_range.h"
 
 namespace cupool {
 
@@ -50,10 +52,9 @@ ContextPool::ContextPool(const Config& cfg, int device, Upstream& upstream, Pool
   }
   if (account == nullptr) own_account_ = std::make_unique<DeviceAccount>(cap_);
   account_ = account ? account : own_account_.get();
-  step_ = std::max<std::uint64_t>(round_up(std::max<std::uint64_t>(cfg_.growth_chunk, 1), kChunkGranularity),
-                                  kChunkGranularity);
+  step_ = growth::first_step(cfg_.growth_chunk);
   deferred_ = cfg_.free_mode == FreeMode::deferred;
-  vmm_ = cfg_.policy == PolicyKind::vmm && up_.vmm_granularity() > 0;
+  vmm_ = std::make_unique<VmmRange>(*this, cfg_.policy == PolicyKind::vmm && up_.vmm_granularity() > 0);
 }
 
 ContextPool::~ContextPool() {
@@ -67,25 +68,8 @@ ContextPool::~ContextPool() {
     }
   } settle{this};
   if (abandoned_) return;
-  if (vmm_) {
-    if (vmm_size_ == 0) return;
-    for (const Granules::Run& r : granules_.begin_unmap(~std::uint64_t{0}, ~std::uint64_t{0})) up_.unmap(r.va, r.bytes);
-    // Granules that blocks still hold (the program did not free them) are mapped too.
-    std::uint64_t run_va = 0, run_bytes = 0;
-    for (std::uint64_t va = vmm_base_; va < vmm_base_ + vmm_size_; va += granules_.granule()) {
-      if (granules_.mapped(va) && run_va + run_bytes == va && run_bytes > 0) {
-        run_bytes += granules_.granule();
-        continue;
-      }
-      if (run_bytes > 0) up_.unmap(run_va, run_bytes);
-      run_bytes = 0;
-      if (granules_.mapped(va)) {
-        run_va = va;
-        run_bytes = granules_.granule();
-      }
-    }
-    if (run_bytes > 0) up_.unmap(run_va, run_bytes);
-    up_.free_address(vmm_base_, vmm_size_);
+  if (vmm_->active()) {
+    vmm_->release_all();
     return;
   }
   sub_.for_each_chunk([&](std::uint32_t id, std::uint64_t, std::size_t) {
@@ -101,6 +85,18 @@ void ContextPool::set_clock(Clock clock, void* ctx) {
 
 bool ContextPool::may_grow() const {
   return cfg_.policy != PolicyKind::preallocate || cfg_.preallocate_grow;
+}
+
+bool ContextPool::virtual_memory() const { return vmm_->active(); }
+
+std::uint64_t ContextPool::reserved_locked() const {
+  return vmm_->active() ? vmm_->mapped_bytes() : sub_.reserved();
+}
+
+std::uint64_t ContextPool::free_locked() const {
+  if (!vmm_->active()) return sub_.free_bytes();
+  const std::uint64_t taken = sub_.in_use() + sub_.held(), mapped = vmm_->mapped_bytes();
+  return mapped > taken ? mapped - taken : 0;
 }
 
 // ---- allocation ----------------------------------------------------------------------------------
@@ -226,8 +222,7 @@ AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size) {
   const std::uint64_t bytes = round_up(size, Suballocator::kAlignment);
   // With no limit set, the cap is the device's size: a refusal there is the device's, not a
   // limit's (a used-up preallocation that may not grow included).
-  const OomClass at_cap = has_limit_ ? OomClass::limit : OomClass::device;
-  Grow last{0, at_cap, 0};
+  Grow last{0, at_cap(), 0};
 
   if (!quarantine_.empty()) {
     seal_pending();
@@ -281,54 +276,37 @@ AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size) {
 
   AllocResult r{0, last.fail, last.driver_code};
   if (free_locked() >= bytes) r = {0, OomClass::fragmentation, 0};
-  if (r.oom == OomClass::none) r.oom = at_cap;
+  if (r.oom == OomClass::none) r.oom = at_cap();
   emit(PoolEvent::Kind::oom, size, 0, now(), 0, r.oom, r.driver_code);
   return r;
 }
 
-// Growth rule: max(round_up(bytes, 2 MiB), step), step doubling from growth_chunk up to
-// growth_chunk_max; never more than the cap leaves, and if the driver refuses a chunk larger
-// than needed, ask once more for just what is needed.
+// The growth policy (its rule: growth_rule.h): a chunk of the next step, or at least what the
+// allocation needs, never more than the cap leaves.
 ContextPool::Grow ContextPool::grow(Lock& lk, std::size_t bytes) {
-  if (vmm_) {
-    Grow g = map_block(lk, bytes);
-    if (g.ptr || vmm_) return g;  // else the range could not be reserved: grow in chunks
+  if (vmm_->active()) {
+    Grow g = vmm_->map_block(lk, bytes);
+    if (g.ptr || vmm_->active()) return g;  // else the range could not be reserved: grow in chunks
   }
-  const std::uint64_t left = headroom();
-  std::uint64_t need = round_up(bytes, kChunkGranularity);
-  if (need > left && bytes <= round_down(left, Suballocator::kAlignment))
-    need = round_down(left, Suballocator::kAlignment);  // the cap is not a multiple of 2 MiB
-  // Past the cap: class limit, unless no limit was set and the cap is just the device's size.
-  if (need > left || need < bytes) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
-  std::uint64_t chunk = std::max(need, step_);
-  if (chunk > left) chunk = std::max(need, round_down(left, kChunkGranularity));
-  // Another pool of the device (another context) may have taken the room since headroom().
-  if (!take_locked(chunk)) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
-
-  transit_ += chunk;
-  ++growing_;
-  lk.unlock();
-  std::uint64_t t0 = now();
-  std::uint64_t base = 0;
+  const growth::Ask ask = growth::next_chunk(step_, bytes, headroom());
+  std::uint64_t base = 0, t0 = 0, dur = 0;
+  std::size_t got = 0;
   int code = 0;
-  UpstreamStatus st = up_.reserve(chunk, &base, &code);
-  std::uint64_t got = chunk;
-  if ((st == UpstreamStatus::out_of_memory || st == UpstreamStatus::share_exhausted) && chunk > need) {
-    got = need;
-    st = up_.reserve(need, &base, &code);
-  }
-  std::uint64_t dur = now() - t0;
-  lk.lock();
-  transit_ -= chunk;
-  --growing_;
-  transit_cv_.notify_all();  // waiters re-check once the chunk is in (same critical section)
+  UpstreamStatus st = UpstreamStatus::ok;
+  // Past the cap; or another pool of the device (another context) took the room since headroom().
+  if (ask.need == 0 || !reserve_unlocked(lk, ask.chunk, [&] {
+        t0 = now();
+        st = up_.reserve(ask.chunk, ask.need, &base, &got, &code);
+        dur = now() - t0;
+      }))
+    return {0, at_cap(), 0};
   if (abandoned_) {  // the context went away meanwhile: the upstream (detached) settles the budget
     if (st == UpstreamStatus::ok) up_.release(base, got);
     return {0, OomClass::device, 0};
   }
   if (st == UpstreamStatus::share_exhausted) return {0, OomClass::share, 0};
   if (st != UpstreamStatus::ok) return {0, OomClass::device, code};
-  step_ = std::min<std::uint64_t>(step_ * 2, std::max<std::uint64_t>(cfg_.growth_chunk_max, step_));
+  step_ = growth::next_step(step_, cfg_.growth_chunk_max);
   Grow g = add_reserved(base, got, bytes, false);
   emit(PoolEvent::Kind::grow, got, base, t0, dur);
   return g;
@@ -349,29 +327,26 @@ ContextPool::Grow ContextPool::preallocate(Lock& lk, std::size_t bytes) {
     prealloc_done_ = true;
     return {};
   }
-  if (!take_locked(want)) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
-  prealloc_busy_ = true;
-  transit_ += want;
-  ++growing_;
-  lk.unlock();
-  std::uint64_t t0 = now();
-  std::uint64_t base = 0;
+  std::uint64_t base = 0, t0 = 0, dur = 0;
+  std::size_t got = want;
   int code = 0;
-  std::uint64_t got = want;
-  UpstreamStatus st = up_.reserve(want, &base, &code);
-  if (st == UpstreamStatus::out_of_memory) {
-    std::size_t total = 0, free = 0;
-    up_.device_memory(&total, &free);
-    got = granular(std::min<std::uint64_t>(free, want));
-    if (got > 0 && got < want) st = up_.reserve(got, &base, &code);
-  }
-  std::uint64_t dur = now() - t0;
-  lk.lock();
-  transit_ -= want;
-  --growing_;
-  transit_cv_.notify_all();
+  UpstreamStatus st = UpstreamStatus::ok;
+  prealloc_busy_ = true;  // (the lock is held throughout where the cap refuses)
+  const bool admitted = reserve_unlocked(lk, want, [&] {
+    t0 = now();
+    st = up_.reserve(want, want, &base, &got, &code);
+    if (st == UpstreamStatus::out_of_memory) {
+      std::size_t total = 0, free = 0;
+      up_.device_memory(&total, &free);
+      got = granular(std::min<std::uint64_t>(free, want));
+      std::size_t exact = 0;
+      if (got > 0 && got < want) st = up_.reserve(got, got, &base, &exact, &code);
+    }
+    dur = now() - t0;
+  });
   prealloc_busy_ = false;
   prealloc_cv_.notify_all();
+  if (!admitted) return {0, at_cap(), 0};
   if (abandoned_) {
     if (st == UpstreamStatus::ok) up_.release(base, got);
     return {0, OomClass::device, 0};
@@ -394,237 +369,28 @@ ContextPool::Grow ContextPool::add_reserved(std::uint64_t base, std::size_t size
     up_.release(base, size);  // unusable (overlaps a chunk we hold?): give it straight back
     return {0, OomClass::device, 0};
   }
+  add_reservation_locked(id, base, size);
+  idle_since_[id] = now();
+  if (is_prealloc) prealloc_chunk_ = id;
+  return {sub_.allocate(bytes), OomClass::none, 0};
+}
+
+void ContextPool::add_reservation_locked(std::uint32_t id, std::uint64_t base, std::size_t size) {
   publish_ranges_locked();
   if (reservations_.size() <= id) {
     reservations_.resize(id + 1);
     idle_since_.resize(id + 1, 0);
   }
   reservations_[id] = Reservation{base, size};
-  idle_since_[id] = now();
-  if (is_prealloc) prealloc_chunk_ = id;
-  return {sub_.allocate(bytes), OomClass::none, 0};
 }
 
-// ---- the vmm policy ---------------------------------------------------------------------------------
-
 std::uint64_t ContextPool::take(std::uint64_t bytes) {
-  if (!vmm_) return sub_.allocate(bytes);
-  // Best fit keeps the range's free space in few large blocks: TLSF's good fit cut larger free
-  // blocks, stranding mapped granules between live blocks, and the pool mapped more elsewhere.
-  const std::uint64_t p = sub_.allocate_best_fit(bytes, kBestFitProbe);
-  if (p == 0) return 0;
-  if (granules_.ready(p, bytes)) {
-    granules_.touch(p, bytes);
-    return p;
-  }
-  sub_.free(p);  // it needs memory mapped: the miss path's map_block places it
-  return 0;
+  return vmm_->active() ? vmm_->take(bytes) : sub_.allocate(bytes);
 }
 
 std::uint64_t ContextPool::give_back_free(Lock& lk, bool include_prealloc) {
-  return vmm_ ? unmap_idle(lk, ~std::uint64_t{0}, true) : release_free_chunks(lk, include_prealloc, kNever);
-}
-
-// The virtual range, reserved at the first allocation: the cap times kRangeOverCap (memory never
-// passes the cap; the spare addresses keep blocks contiguous however the range fragments).
-bool ContextPool::vmm_setup(Lock& lk, Grow* fail) {
-  if (vmm_size_ != 0) return true;
-  if (vmm_busy_) {
-    transit_cv_.wait(lk, [&] { return !vmm_busy_ || abandoned_; });
-    if (vmm_size_ != 0) return true;
-    *fail = {0, OomClass::device, 0};
-    return false;
-  }
-  const std::uint64_t g = up_.vmm_granularity();
-  const std::uint64_t size = round_up(std::max<std::uint64_t>(cap_, g) * kRangeOverCap, g);
-  vmm_busy_ = true;
-  lk.unlock();
-  std::uint64_t va = 0;
-  const UpstreamStatus st = up_.reserve_address(size, &va);
-  lk.lock();
-  vmm_busy_ = false;
-  transit_cv_.notify_all();
-  const std::uint32_t id = st == UpstreamStatus::ok && !abandoned_ ? sub_.add_chunk(va, size) : Suballocator::kNoChunk;
-  if (id == Suballocator::kNoChunk) {
-    if (st == UpstreamStatus::ok) up_.free_address(va, size);
-    *fail = {0, OomClass::device, 0};
-    // No range (the driver would not reserve the addresses): the pool grows in chunks from now
-    // on, as where the driver has no virtual memory, rather than fail every allocation.
-    if (!abandoned_) vmm_ = false;
-    return false;
-  }
-  vmm_base_ = va;
-  vmm_size_ = size;
-  granules_.reset(va, size, g);
-  if (reservations_.size() <= id) {
-    reservations_.resize(id + 1);
-    idle_since_.resize(id + 1, 0);
-  }
-  reservations_[id] = Reservation{va, size};
-  publish_ranges_locked();
-  return true;
-}
-
-// What growth is to the vmm policy: a block of the virtual range, with memory mapped behind its
-// granules that have none. Its granules are touched first, so that no other thread unmaps them
-// while the lock is dropped around the driver calls; mapped bytes count in transit meanwhile.
-ContextPool::Grow ContextPool::map_block(Lock& lk, std::size_t bytes) {
-  // More than the cap can ever map: the cap's refusal (or the device's), not fragmentation.
-  if (bytes > cap_) return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
-  Grow fail{};
-  if (!vmm_setup(lk, &fail)) return fail;
-  for (;;) {
-    if (abandoned_) return {0, OomClass::device, 0};
-    // take()'s best fit has no memory behind it: the place, in any free block, that needs the
-    // fewest granules mapped (often none: a mapped stretch inside a larger free block).
-    const std::uint64_t p = sub_.allocate_best(bytes, [&](std::uint64_t a, std::uint64_t size, std::uint64_t n,
-                                                          std::uint64_t* offset) { return granules_.best_window(a, size, n, offset); });
-    if (p == 0) return {0, OomClass::fragmentation, 0};  // no contiguous addresses left in the range
-    if (granules_.busy(p, bytes)) {  // another thread maps or unmaps some of them: wait for it
-      sub_.free(p);
-      transit_cv_.wait(lk, [&] { return abandoned_ || !granules_.busy(p, bytes); });
-      continue;
-    }
-    granules_.touch(p, bytes);
-    if (granules_.ready(p, bytes)) return {p, OomClass::none, 0};
-    // Memory is mapped past the mark (the most ever in blocks, and kMapSlack more) only once no
-    // idle granule can make room: idle granules go first, so that the peak of reserved follows
-    // the peak in use. Below the mark, idle granules stay: a loop whose use swings every step
-    // would otherwise unmap and map them again every step (docs/design.md, "The vmm policy").
-    // Idle granules that the device may still read (deferred frees) are waited for here: without
-    // the wait the pool mapped more, and the mark crept up step after step. Passing the mark is
-    // rare once a workload has seen its peak, so the wait is too.
-    blocks_high_ = std::max(blocks_high_, sub_.in_use() + sub_.held());
-    const std::uint64_t mark = round_up(blocks_high_ + blocks_high_ / kMapSlack, granules_.granule());
-    const std::uint64_t after = granules_.mapped_bytes() + transit_ + granules_.missing_bytes(p, bytes);
-    if (after > mark && granules_.idle_bytes() > 0) {
-      const std::uint64_t want = after - mark;
-      const std::uint64_t got = unmap_idle(lk, want, false);
-      if (!abandoned_ && got < want && granules_.idle_bytes() > 0) unmap_idle(lk, want - got, true);
-      if (abandoned_) return {0, OomClass::device, 0};
-    }
-    std::uint64_t need = 0;
-    const std::vector<Granules::Run> runs = granules_.begin_map(p, bytes, &need);
-    auto undo = [&] {
-      granules_.untouch(p, bytes, 0);
-      sub_.free(p);
-    };
-    if (need > headroom() || !take_locked(need)) {
-      for (const Granules::Run& r : runs) granules_.end_map(r, false);
-      undo();
-      return {0, has_limit_ ? OomClass::limit : OomClass::device, 0};
-    }
-    transit_ += need;
-    ++growing_;
-    lk.unlock();
-    struct Done {
-      std::uint64_t t0, dur;
-    };
-    std::vector<Done> done;  // the runs mapped, in order; the first failure stops the rest
-    done.reserve(runs.size());
-    UpstreamStatus st = UpstreamStatus::ok;
-    int code = 0;
-    for (const Granules::Run& r : runs) {
-      const std::uint64_t t0 = now();
-      st = up_.map(r.va, r.bytes, &code);
-      if (st != UpstreamStatus::ok) break;
-      done.push_back({t0, now() - t0});
-    }
-    lk.lock();
-    transit_ -= need;
-    --growing_;
-    transit_cv_.notify_all();
-    if (abandoned_) {
-      // The context went meanwhile: the upstream (detached) makes no call, but gives the shared
-      // budget back what it charged for the runs mapped, as a chunk in flight does.
-      for (std::size_t i = 0; i < done.size(); ++i) up_.unmap(runs[i].va, runs[i].bytes);
-      return {0, OomClass::device, 0};
-    }
-    for (std::size_t i = 0; i < runs.size(); ++i) granules_.end_map(runs[i], i < done.size());
-    for (std::size_t i = 0; i < done.size(); ++i) emit(PoolEvent::Kind::grow, runs[i].bytes, runs[i].va, done[i].t0, done[i].dur);
-    if (st != UpstreamStatus::ok) {
-      undo();  // what was mapped stays, idle
-      return {0, st == UpstreamStatus::share_exhausted ? OomClass::share : OomClass::device, code};
-    }
-    // A granule at its edge that another thread was mapping: wait for the outcome.
-    transit_cv_.wait(lk, [&] { return abandoned_ || !granules_.busy(p, bytes); });
-    if (abandoned_) return {0, OomClass::device, 0};
-    if (granules_.ready(p, bytes)) return {p, OomClass::none, 0};
-    undo();  // that thread's map failed: try again
-  }
-}
-
-// Deferred frees in one order of work leave idle granules that the device may still be using: a
-// fence placed after them makes them safe to unmap once it retires. Placed and polled from frees,
-// at most once per sealing interval (as the quarantine seals: a fence costs a call per stream),
-// so that idle granules are mostly safe by the time a map would unmap them.
-void ContextPool::cover_idle() {
-  if (!granules_.unsafe_idle(safe_seq_) || up_.capturing()) return;
-  const std::uint64_t t = now();
-  if (t < unmap_fence_due_) return;
-  unmap_fence_due_ = t + Quarantine::kSealIntervalNs;
-  if (unmap_fence_ != 0) {
-    if (!up_.fence_retired(unmap_fence_)) return;
-    safe_seq_ = std::max(safe_seq_, unmap_fence_seq_);
-    unmap_fence_ = 0;
-    if (!granules_.unsafe_idle(safe_seq_)) return;
-  }
-  unmap_fence_ = up_.place_fence();
-  unmap_fence_seq_ = free_seq_++;
-}
-
-// Unmaps up to `bytes` of idle granules, longest idle first. Granules freed without a wait (deferred
-// frees while all work is in one order) may still be read by the device, and an unmap does not
-// wait for it as cudaFree does: they go only once a fence placed after their free has retired.
-// That fence is polled; `may_wait` (on the way to a refusal, or giving memory back) waits for it.
-std::uint64_t ContextPool::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait) {
-  // An unmap is not a call to make during a capture (as cuMemFree is not): granules stay until it ends.
-  if (!vmm_ || abandoned_ || up_.capturing() || granules_.idle_bytes() == 0) return 0;
-  if (unmap_fence_ != 0 && up_.fence_retired(unmap_fence_)) {
-    safe_seq_ = std::max(safe_seq_, unmap_fence_seq_);
-    unmap_fence_ = 0;
-  }
-  // A wait goes twice at most: the fence in flight may have been placed before the latest frees;
-  // once it retires (and is forgotten), one placed after them. Frees made meanwhile by other
-  // threads wait for the next fence.
-  for (int round = 0; round < (may_wait ? 2 : 1) && granules_.unsafe_idle(safe_seq_); ++round) {
-    if (unmap_fence_ == 0) {
-      unmap_fence_ = up_.place_fence();
-      unmap_fence_seq_ = free_seq_++;
-    }
-    if (!may_wait) break;
-    const FenceId fence = unmap_fence_;
-    const std::uint64_t covers = unmap_fence_seq_;
-    lk.unlock();
-    up_.wait_fence(fence);
-    lk.lock();
-    if (abandoned_) return 0;
-    safe_seq_ = std::max(safe_seq_, covers);
-    if (unmap_fence_ == fence) unmap_fence_ = 0;
-    if (up_.capturing()) return 0;  // a capture began meanwhile: no fence and no unmap during it
-  }
-  const std::vector<Granules::Run> runs = granules_.begin_unmap(bytes, safe_seq_);
-  if (runs.empty()) return 0;
-  std::uint64_t total = 0;
-  for (const Granules::Run& r : runs) total += r.bytes;
-  transit_ += total;  // still counts against the cap until the driver has it back
-  lk.unlock();
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> times;
-  times.reserve(runs.size());
-  for (const Granules::Run& r : runs) {
-    const std::uint64_t t0 = now();
-    up_.unmap(r.va, r.bytes);
-    times.emplace_back(t0, now() - t0);
-  }
-  lk.lock();
-  transit_ -= total;
-  transit_cv_.notify_all();
-  if (abandoned_) return total;
-  for (std::size_t i = 0; i < runs.size(); ++i) {
-    granules_.end_unmap(runs[i]);
-    emit(PoolEvent::Kind::release, runs[i].bytes, runs[i].va, times[i].first, times[i].second);
-  }
-  return total;
+  return vmm_->active() ? vmm_->unmap_idle(lk, ~std::uint64_t{0}, true)
+                        : release_free_chunks(lk, include_prealloc, kNever);
 }
 
 // Waits until a reservation that another thread has in flight lands (the lock is dropped
@@ -649,7 +415,7 @@ bool ContextPool::wait_for_transit(Lock& lk) {
 std::size_t ContextPool::release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before) {
   // cuMemFree is a call a capture may forbid the calling thread: chunks stay until it has ended.
   // The vmm policy's range is never given back while the pool lives (its granules are).
-  if (up_.capturing() || vmm_) return 0;
+  if (up_.capturing() || vmm_->active()) return 0;
   std::vector<Reservation> gone;
   std::vector<std::uint64_t> bases;
   sub_.for_each_free_chunk([&](std::uint32_t id, std::uint64_t base, std::size_t) {
@@ -886,15 +652,14 @@ void ContextPool::publish_ranges_locked() {
   range_lists_.push_back(std::move(list));
 }
 
-// Under vmm, the block's granules lose a user; those left idle may be unmapped once no device
-// work can still use them: at once after a sync free's wait or a fence (`fenced`), else after a
-// fence placed later (unmap_idle).
+// Under vmm, the block's granules lose a user (VmmRange::note_free); else a chunk it leaves
+// wholly free may be given back once idle.
 void ContextPool::note_free(std::uint64_t ptr, const Suballocator::FreeInfo& info, bool fenced) {
-  if (vmm_) {
-    granules_.untouch(ptr, info.size, fenced || !deferred_ ? 0 : free_seq_);
-    if (!fenced && deferred_) cover_idle();
+  if (vmm_->active()) {
+    vmm_->note_free(ptr, info.size, fenced, deferred_);
+    return;
   }
-  if (!info.chunk_now_free || !cfg_.release_idle_ns || vmm_) return;
+  if (!info.chunk_now_free || !cfg_.release_idle_ns) return;
   std::uint64_t t = now();
   idle_since_[info.chunk] = t;
   next_idle_check_ = std::min(next_idle_check_, t + *cfg_.release_idle_ns);
@@ -987,7 +752,7 @@ PoolStats ContextPool::state_locked() const {
   s.in_use = sub_.in_use() - s.cached;  // cached blocks are free to the program
   // Under vmm, a free block is virtual: what could be handed out without the driver is at most
   // the free bytes mapped.
-  s.largest_free = vmm_ ? std::min(sub_.largest_free(), free_locked()) : sub_.largest_free();
+  s.largest_free = vmm_->active() ? std::min(sub_.largest_free(), free_locked()) : sub_.largest_free();
   s.quarantined = sub_.held();
   s.free_blocks = sub_.free_blocks();
   s.pool = id_;
@@ -1052,7 +817,7 @@ bool ContextPool::try_charge_outside(std::size_t bytes) {
     }
     if (!wait_for_transit(lk)) break;
   }
-  emit(PoolEvent::Kind::oom, bytes, 0, now(), 0, has_limit_ ? OomClass::limit : OomClass::device);
+  emit(PoolEvent::Kind::oom, bytes, 0, now(), 0, at_cap());
   return false;
 }
 
@@ -1116,9 +881,7 @@ void ContextPool::abandon() {
   reservations_.clear();
   idle_since_.clear();
   quarantine_.clear();
-  granules_.clear();
-  vmm_base_ = vmm_size_ = 0;
-  unmap_fence_ = 0;
+  vmm_->clear();
   outside_ = 0;
   prealloc_chunk_ = Suballocator::kNoChunk;
   next_idle_check_ = kNever;
@@ -1139,7 +902,7 @@ void ContextPool::emit(PoolEvent::Kind kind, std::uint64_t size, std::uint64_t p
   e.device = device_;
   e.driver_code = code;
   e.oom = oom;
-  e.granules = vmm_ && (kind == PoolEvent::Kind::grow || kind == PoolEvent::Kind::release);
+  e.granules = vmm_->active() && (kind == PoolEvent::Kind::grow || kind == PoolEvent::Kind::release);
   e.has_stats = true;
   e.stats = state_locked();
   observer_->pool_event(e);

@@ -1,8 +1,8 @@
 // ContextPool: the memory of one device context, handed out from chunks taken through an Upstream
 // (the real driver in the shim, SimUpstream in tests and replay). Thread-safe: one mutex per
 // pool, never held across an upstream call that can take long (reserve, release, synchronize,
-// wait_fence). Policies (growth, preallocate), the cap, free modes and OOM classification live
-// here; docs/design.md ("The pool") explains the rules.
+// wait_fence). The policies (growth, preallocate; vmm in VmmRange, vmm_range.h), the cap, free
+// modes and OOM classification live here; docs/design.md ("The pool") explains the rules.
 #pragma once
 
 #include <algorithm>
@@ -17,7 +17,7 @@
 
 #include "config.h"
 #include "device_account.h"
-#include "granules.h"
+#include "growth_rule.h"
 #include "pool_events.h"
 #include "quarantine.h"
 #include "spin_lock.h"
@@ -27,6 +27,7 @@
 
 namespace cupool {
 
+class VmmRange;  // vmm_range.h
 
 struct AllocResult {
   std::uint64_t ptr = 0;
@@ -104,28 +105,19 @@ class ContextPool final : public ThreadCacheOwner {
   // The vmm policy is in force: blocks lie in one virtual range backed by granules mapped on
   // demand (false under vmm when the upstream has no virtual memory: the pool then grows in
   // chunks). Such blocks cannot be shared over CUDA IPC.
-  bool virtual_memory() const { return vmm_; }
+  bool virtual_memory() const;
 
   // Blocks in threads' caches (cfg.thread_cache): freed by the program, kept for its thread.
   std::uint64_t thread_cached() const;
 
-  static constexpr std::size_t kChunkGranularity = 2u << 20;
-  // Deferred free: a fence per Quarantine::kBatchBlocks blocks or kBatchBytes bytes, at most once
-  // per kSealIntervalNs from frees (policy/quarantine.h).
-  // Deferred free: an allocation waits for the oldest fences while the quarantine holds more than
-  // an eighth of the reserved bytes, and at least this much.
+  static constexpr std::size_t kChunkGranularity = growth::kChunkGranularity;
+  // Deferred free (a fence per batch of frees: policy/quarantine.h): an allocation waits for the
+  // oldest fences while the quarantine holds more than an eighth of the reserved bytes, and at
+  // least this much.
   static constexpr std::uint64_t kQuarantineFloor = 256ull << 20;
-  // The virtual range is this many times the cap: blocks need contiguous addresses, memory does not.
-  static constexpr std::uint64_t kRangeOverCap = 2;
-  // vmm policy: best fit looks at up to this many free blocks of the size class that holds it.
-  static constexpr int kBestFitProbe = 64;
-  // vmm policy: idle granules are unmapped only where the mapped bytes would pass the most ever
-  // in blocks by more than 1/kMapSlack: issue 15 allows 1.03 times the peak in use, and a swing
-  // of use below the mark then costs no map or unmap (docs/design.md, "When idle granules are
-  // unmapped"; test tools-vmm-h200-traces).
-  static constexpr std::uint64_t kMapSlack = 40;
 
  private:
+  friend class VmmRange;  // works under the pool's lock, within its cap and its transit
   struct Reservation {  // what the upstream gave, by suballocator chunk id
     std::uint64_t base = 0;
     std::size_t size = 0;
@@ -163,12 +155,12 @@ class ContextPool final : public ThreadCacheOwner {
   std::uint64_t now() const { return clock_(clock_ctx_); }
   std::uint64_t charged() const { return reserved_locked() + transit_ + outside_; }
   // What the pool holds from the device: its chunks, or (vmm) its mapped granules.
-  std::uint64_t reserved_locked() const { return vmm_ ? granules_.mapped_bytes() : sub_.reserved(); }
+  std::uint64_t reserved_locked() const;
   // Bytes the pool holds that no live or quarantined block uses (thread caches aside).
-  std::uint64_t free_locked() const {
-    const std::uint64_t taken = sub_.in_use() + sub_.held();
-    return vmm_ ? (granules_.mapped_bytes() > taken ? granules_.mapped_bytes() - taken : 0) : sub_.free_bytes();
-  }
+  std::uint64_t free_locked() const;
+  // The class of a refusal at the cap: limit, unless no limit was set and the cap is just the
+  // device's size.
+  OomClass at_cap() const { return has_limit_ ? OomClass::limit : OomClass::device; }
   // What the device's account holds, with this pool's part as it is now (not as last posted).
   std::uint64_t device_charged() const {
     const std::uint64_t all = account_->charged();
@@ -190,6 +182,25 @@ class ContextPool final : public ThreadCacheOwner {
     posted_ += bytes;
     return true;
   }
+  // The one way the pool takes memory from the upstream (a chunk, the preallocated region, or
+  // granules mapped): `bytes` are admitted under the cap (false: no room, nothing done), then
+  // `call` makes the upstream calls with the lock dropped, while the bytes count in transit as a
+  // reservation in flight, which other threads wait for (wait_for_growth) rather than grow beside.
+  template <class Call>
+  bool reserve_unlocked(Lock& lk, std::uint64_t bytes, Call call) {
+    if (!take_locked(bytes)) return false;
+    transit_ += bytes;
+    ++growing_;
+    lk.unlock();
+    call();
+    lk.lock();
+    transit_ -= bytes;
+    --growing_;
+    transit_cv_.notify_all();  // waiters re-check once the memory is in (same critical section)
+    return true;
+  }
+  // Reservation `id` of the suballocator's chunks is [base, base + size) of the upstream's.
+  void add_reservation_locked(std::uint32_t id, std::uint64_t base, std::size_t size);
   PoolStats state_locked() const;
   PoolStats reported_state_locked() const;  // state_locked(), published: the caller unlocks next
   void publish_state_locked(const PoolStats& state) const;
@@ -225,11 +236,6 @@ class ContextPool final : public ThreadCacheOwner {
   std::uint64_t take(std::uint64_t bytes);
   // A block the suballocator freed (or released from quarantine: `fenced`).
   void note_free(std::uint64_t ptr, const Suballocator::FreeInfo& info, bool fenced);
-  // vmm policy.
-  bool vmm_setup(Lock& lk, Grow* fail);
-  Grow map_block(Lock& lk, std::size_t bytes);
-  std::uint64_t unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait);
-  void cover_idle();
 
   void give_back_idle_locked(Lock& lk);
   void check_idle(Lock& lk);
@@ -278,19 +284,8 @@ class ContextPool final : public ThreadCacheOwner {
   bool deferred_ = false;
   Quarantine quarantine_;  // under mu_
 
-  // vmm policy: the virtual range (one suballocator chunk) and its granules
-  // False from the start without virtual memory, and from a failed reservation of the range on
-  // (the pool then grows in chunks). Read without the lock by virtual_memory().
-  std::atomic<bool> vmm_{false};
-  bool vmm_busy_ = false;              // the range is being reserved (outside the lock)
-  std::uint64_t vmm_base_ = 0, vmm_size_ = 0;
-  Granules granules_;
-  std::uint64_t blocks_high_ = 0;      // the most bytes in blocks (live, quarantined, cached) seen at a map
-  std::uint64_t free_seq_ = 1;         // advances past each fence placed for idle granules
-  std::uint64_t safe_seq_ = 0;         // idle granules freed at or before it may be unmapped
-  FenceId unmap_fence_ = 0;            // placed for idle granules, not yet seen retired...
-  std::uint64_t unmap_fence_seq_ = 0;  // ...covering frees up to this sequence number
-  std::uint64_t unmap_fence_due_ = 0;  // cover_idle places or polls it no sooner than this
+  // the vmm policy: the virtual range (one suballocator chunk) and its granules
+  std::unique_ptr<VmmRange> vmm_;
 
   // thread caches
   const std::uint64_t id_;                          // unique for the process's lifetime

@@ -70,8 +70,7 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
   }
   Upstream* pool_upstream = record->upstream;
   if (share_) {
-    record->budgeted = std::make_unique<BudgetedUpstream>(*record->upstream, *share_, *record, cfg_.share_wait_ns,
-                                                            cfg_.policy == PolicyKind::growth);
+    record->budgeted = std::make_unique<BudgetedUpstream>(*record->upstream, *share_, *record, cfg_.share_wait_ns);
     pool_upstream = record->budgeted.get();
   }
   record->pool = std::make_unique<ContextPool>(cfg_, record->device, *pool_upstream, observer_,

@@ -95,8 +95,7 @@ class Suballocator {
   // The live block containing `address` (interior pointers too). Exact starts are a hash lookup;
   // an interior pointer walks its chunk's blocks in address order (rare: cuMemGetAddressRange).
   bool block_range(std::uint64_t address, std::uint64_t* base, std::size_t* size) const;
-  // Is `address` inside one of the chunks? Which one (kNoChunk: none)?
-  bool in_chunk(std::uint64_t address) const { return find_chunk(address) != kNoChunk; }
+  // The chunk holding `address` (kNoChunk: none).
   std::uint32_t chunk_of(std::uint64_t address) const { return find_chunk(address); }
 
   // Calls fn(chunk_id, base, size) for every chunk with no live or held block.

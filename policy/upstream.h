@@ -23,10 +23,14 @@ class Upstream {
  public:
   virtual ~Upstream() = default;
 
-  // Take `bytes` of device memory (a chunk). On success writes its base address.
-  // `driver_code` receives the native error code for the trace (0 on success).
-  virtual UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) = 0;
-  // Give a whole chunk back. Called only with a base and size that reserve() returned.
+  // Take device memory (a chunk): `bytes` if there is room for them, else anything down to
+  // `min_bytes` (<= bytes), as RMM's try_to_expand(try, min): how to get it is the upstream's
+  // business (reserve_at_least below is the shape they share). On success writes its base
+  // address and, in `got`, its size. `driver_code` receives the native error code of the last
+  // ask for the trace (0 on success).
+  virtual UpstreamStatus reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,
+                                 int* driver_code) = 0;
+  // Give a whole chunk back. Called only with a base and the size that reserve() gave.
   virtual void release(std::uint64_t base, std::size_t bytes) = 0;
 
   // Total device memory and what the driver reports free, for memory info and percentages.
@@ -69,5 +73,21 @@ class Upstream {
   // device work: the caller makes sure none still uses it.
   virtual void unmap(std::uint64_t /*va*/, std::size_t /*bytes*/) {}
 };
+
+// How an upstream serves reserve(bytes, min_bytes, ...): it asks for `bytes`, then, where there
+// was no room for them (the device's, or a budget's), for `min_bytes`. ask(n, last) asks for
+// exactly n bytes; `last`: no smaller ask follows (a budget waits for room only then). Writes the
+// size of the last ask to `got`.
+template <class Ask>
+UpstreamStatus reserve_at_least(std::size_t bytes, std::size_t min_bytes, std::size_t* got, Ask ask) {
+  const bool smaller = min_bytes < bytes;
+  *got = bytes;
+  UpstreamStatus st = ask(bytes, !smaller);
+  if (smaller && (st == UpstreamStatus::out_of_memory || st == UpstreamStatus::share_exhausted)) {
+    *got = min_bytes;
+    st = ask(min_bytes, true);
+  }
+  return st;
+}
 
 }  // namespace cupool

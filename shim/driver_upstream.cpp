@@ -64,16 +64,19 @@ CUevent DriverUpstream::take_event_locked() {
   return e;
 }
 
-UpstreamStatus DriverUpstream::reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) {
+UpstreamStatus DriverUpstream::reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base,
+                                       std::size_t* got, int* driver_code) {
   if (detached_) return UpstreamStatus::error;
-  CUdeviceptr ptr = 0;
-  CUresult rc = CUPOOL_REAL(cuMemAlloc_v2)(&ptr, bytes);
-  *driver_code = rc;
-  if (rc == CUDA_SUCCESS) {
-    *base = ptr;
-    return UpstreamStatus::ok;
-  }
-  return rc == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
+  return reserve_at_least(bytes, min_bytes, got, [&](std::size_t n, bool) {
+    CUdeviceptr ptr = 0;
+    const CUresult rc = CUPOOL_REAL(cuMemAlloc_v2)(&ptr, n);
+    *driver_code = rc;
+    if (rc == CUDA_SUCCESS) {
+      *base = ptr;
+      return UpstreamStatus::ok;
+    }
+    return rc == CUDA_ERROR_OUT_OF_MEMORY ? UpstreamStatus::out_of_memory : UpstreamStatus::error;
+  });
 }
 
 void DriverUpstream::release(std::uint64_t base, std::size_t) {

@@ -20,7 +20,8 @@ class DriverUpstream final : public Upstream {
   explicit DriverUpstream(CUcontext ctx, CUdevice device);
   ~DriverUpstream() override;
 
-  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override;
+  UpstreamStatus reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,
+                         int* driver_code) override;
   void release(std::uint64_t base, std::size_t bytes) override;
   void device_memory(std::size_t* total, std::size_t* free) override;
   void synchronize() override;

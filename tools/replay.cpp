@@ -30,13 +30,14 @@ TraceMeta replayed_meta(TraceMeta meta, const Config& config, const std::string&
 class ReplayContext final : public Upstream {
  public:
   ReplayContext(SimUpstream& device, const bool& streams_seen) : device_(device), streams_seen_(streams_seen) {}
-  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override {
+  UpstreamStatus reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,
+                         int* driver_code) override {
     if (detached_) {
       *driver_code = SimUpstream::kOutOfMemoryCode;
       return UpstreamStatus::error;
     }
-    const UpstreamStatus s = device_.reserve(bytes, base, driver_code);
-    if (s == UpstreamStatus::ok) held_[*base] = bytes;
+    const UpstreamStatus s = device_.reserve(bytes, min_bytes, base, got, driver_code);
+    if (s == UpstreamStatus::ok) held_[*base] = *got;
     return s;
   }
   void release(std::uint64_t base, std::size_t bytes) override {
@@ -464,7 +465,8 @@ std::uint64_t Replayer::Run::allocate_outside(Here& h, std::uint64_t bytes, bool
       return OutsideAnswer::ok;
     }
     int code = 0;
-    if (h.ctx.upstream->reserve(bytes, &got, &code) != UpstreamStatus::ok)
+    std::size_t size = 0;
+    if (h.ctx.upstream->reserve(bytes, bytes, &got, &size, &code) != UpstreamStatus::ok)
       return OutsideAnswer::out_of_memory;
     *made = got;
     return OutsideAnswer::ok;

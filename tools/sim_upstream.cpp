@@ -13,7 +13,12 @@ SimUpstream::SimUpstream(std::size_t capacity, std::size_t granularity, std::uin
   if (capacity_ > 0) free_.emplace(base_, capacity_);
 }
 
-UpstreamStatus SimUpstream::reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) {
+UpstreamStatus SimUpstream::reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,
+                                    int* driver_code) {
+  return reserve_at_least(bytes, min_bytes, got, [&](std::size_t n, bool) { return ask(n, base, driver_code); });
+}
+
+UpstreamStatus SimUpstream::ask(std::size_t bytes, std::uint64_t* base, int* driver_code) {
   if (reserve_gate_) reserve_gate_();
   std::lock_guard lock(mu_);
   ++counters_.reserve_calls;

@@ -26,7 +26,10 @@ class SimUpstream final : public Upstream {
                        std::uint64_t base = kDefaultBase);
 
   // Upstream
-  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* driver_code) override;
+  // Asks for `bytes`, then for `min_bytes` (reserve_at_least): each ask counts as a call below,
+  // and each can be made to fail.
+  UpstreamStatus reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,
+                         int* driver_code) override;
   void release(std::uint64_t base, std::size_t bytes) override;
   void device_memory(std::size_t* total, std::size_t* free) override;
   void synchronize() override;
@@ -49,9 +52,9 @@ class SimUpstream final : public Upstream {
   // Whether every granule of [va, va + bytes) is mapped (tests).
   bool is_mapped(std::uint64_t va, std::size_t bytes) const;
 
-  // Failure injection: the next `count` reserve() (or map()) calls fail with `status`.
+  // Failure injection: the next `count` asks of reserve() (or map() calls) fail with `status`.
   void fail_next_reserves(int count, UpstreamStatus status = UpstreamStatus::out_of_memory);
-  // Every reserve() of more than `bytes` fails with out_of_memory (0: no such rule).
+  // Every ask of reserve() for more than `bytes` fails with out_of_memory (0: no such rule).
   void fail_reserves_above(std::size_t bytes);
   // Memory that someone else (another process) holds: lowers what reserve() can get and `free`.
   void set_foreign_bytes(std::size_t bytes);
@@ -63,7 +66,7 @@ class SimUpstream final : public Upstream {
   void set_needs_fences(bool needs);
   // A stream capture in progress: fence calls made meanwhile are counted (a pool must make none).
   void set_capturing(bool capturing);
-  // Called by reserve() before it takes the device lock, on the reserving thread: a test can
+  // Called by each ask of reserve() before it takes the device lock, on the reserving thread: a test can
   // hold a reservation in flight there. Set before the pool is shared between threads.
   void set_reserve_gate(std::function<void()> gate);
 
@@ -87,6 +90,7 @@ class SimUpstream final : public Upstream {
   std::size_t live_chunks() const;
 
  private:
+  UpstreamStatus ask(std::size_t bytes, std::uint64_t* base, int* driver_code);  // one ask of reserve()
   std::size_t rounded(std::size_t bytes) const { return (bytes + granularity_ - 1) / granularity_ * granularity_; }
 
   mutable std::mutex mu_;

@@ -435,7 +435,10 @@ struct GatedUpstream : Upstream {
     open = true;
     cv.notify_all();
   }
-  UpstreamStatus reserve(std::size_t bytes, std::uint64_t* base, int* code) override { return sim.reserve(bytes, base, code); }
+  UpstreamStatus reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,
+                         int* code) override {
+    return sim.reserve(bytes, min_bytes, base, got, code);
+  }
   void release(std::uint64_t base, std::size_t bytes) override { sim.release(base, bytes); }
   void device_memory(std::size_t* total, std::size_t* free) override { sim.device_memory(total, free); }
   void synchronize() override {

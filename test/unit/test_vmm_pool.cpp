@@ -52,7 +52,9 @@ Config with_limit(Config c, std::uint64_t bytes) {
 class ChunksOnly : public Upstream {
  public:
   explicit ChunksOnly(SimUpstream& sim) : sim_(sim) {}
-  UpstreamStatus reserve(std::size_t b, std::uint64_t* base, int* code) override { return sim_.reserve(b, base, code); }
+  UpstreamStatus reserve(std::size_t b, std::size_t min_b, std::uint64_t* base, std::size_t* got, int* code) override {
+    return sim_.reserve(b, min_b, base, got, code);
+  }
   void release(std::uint64_t base, std::size_t b) override { sim_.release(base, b); }
   void device_memory(std::size_t* t, std::size_t* f) override { sim_.device_memory(t, f); }
   void synchronize() override {}
@@ -431,7 +433,7 @@ TEST_CASE("vmm policy: reserved follows in use where chunked growth fragments", 
   }
   // Chunked growth: 3552 MiB reserved at the peak, 1.096 times the peak in use.
   CHECK(g.peak_reserved == 3552 * MiB);
-  // vmm: idle granules stay mapped up to 1/40 over the most ever in blocks (ContextPool::kMapSlack),
+  // vmm: idle granules stay mapped up to 1/40 over the most ever in blocks (VmmRange::kMapSlack),
   // so reserved stays within that of the peak in use, whatever the frees and the device do.
   for (const VarlenRun* r : {&v, &d, &f, &b}) CHECK(r->peak_reserved <= v.peak_in_use + v.peak_in_use / 40 + 2 * MiB);
   CHECK(v.peak_reserved == 3264 * MiB);  // 1.007 times
