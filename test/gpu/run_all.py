@@ -14,6 +14,7 @@ sharing (trainings sharing one budget against fixed shares and caps, and a membe
 nvml (NVML's memory info inside the process), memviz (traces exported for memory_viz and RMM, and
 replay --min-capacity), vmmpolicy (the vmm policy against growth and the frameworks' allocators),
 stacks (CUPOOL_TRACE_STACKS: what native stacks cost, and that they name the frameworks' code),
+defaultpolicy (growth against vmm, three alternating rounds of every workload: issue 29's decision),
 vmmcalls (what the driver's virtual-memory calls cost, per call and per size),
 peer (two GPUs, kind nvidia-h200-x2: a kernel on one reaches the other's blocks after peer access
 is enabled, without cupool, under growth and under vmm).
@@ -691,6 +692,75 @@ if wanted("vmmpolicy"):
             check(f'{r["name"]}: ran and measured', r["rc"] == 0 and last_json(r).get("median_ns") is not None)
     med = {p: statistics.median(v) for p, v in pair.items() if v and all(x is not None for x in v)}
     print(f"   vmmpolicy pair cost (64 MiB, 8 threads), median of 3 rounds (ns): {med}", flush=True)
+
+# ---- Issue 29: the default policy, decided by data: growth against vmm ---------------------------
+# Every workload under each policy in three alternating rounds (the order flips each round, so the
+# host's drift falls on both alike), every tensor through cupool (the frameworks' caches off):
+# the reference transformer, train_varlen.py (shapes that vary: where growth fragments) and JAX's
+# MLP (XLA's platform allocator). Per workload and policy: min / median / max of the step, and,
+# from each run's trace, the peak reserved against the peak in use, of the pool and of everything
+# (the pool plus the memory outside it, which XLA's cuMemCreate buffers are).
+if wanted("defaultpolicy"):
+    varlen = os.path.join(HERE, "..", "..", "examples", "policies", "train_varlen.py")
+    nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    platform = {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    workloads = {
+        "transformer": (TRANSFORMER_WITH_STATS, nocache, lambda r: parse_float(r"step=([0-9.]+) ms", r["stdout"])),
+        "varlen": ([PY, varlen], nocache, lambda r: (last_json(r) or {}).get("median_step_ms")),
+        "jaxmlp": ([PY, JAX_MLP], platform, lambda r: parse_float(r"step=([0-9.]+) ms", r["stdout"])),
+    }
+    # The transformer's exact loss depends on PyTorch's cache (on or off), not on cupool: its runs
+    # are held to the losses of these two runs without cupool (check_transformer_losses).
+    transformer_runs(run("defaultpolicy-transformer-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
+                     run("defaultpolicy-transformer-nocache-nocupool", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache")))
+    table = {}
+    for i in (1, 2, 3):
+        order = ("growth", "vmm") if i % 2 else ("vmm", "growth")
+        for wl, (cmd, env, step_of) in workloads.items():
+            for pol in order:
+                r = run(f"defaultpolicy-round{i}-{wl}-{pol}", cmd, dict(env, MODE=pol), shim={"CUPOOL_POLICY": pol},
+                        timeout=300)
+                if wl == "transformer":
+                    transformer_runs(r)
+                t = r.get("trace") or {}
+                res = exact(r) if wl != "varlen" else (last_json(r) or {}).get("loss_hex")
+                table.setdefault((wl, pol), []).append({
+                    "rc": r["rc"], "step_ms": step_of(r), "result": res,
+                    "pool_in_use": t.get("peak_in_use"), "pool_reserved": t.get("peak_reserved"),
+                    "outside": t.get("peak_external"),
+                    # Where a policy's time goes: the pool's own driver calls (chunks or granules
+                    # taken and given back, fences retired), counted and timed.
+                    "pool_events": {k: v for k, v in t.get("by_api", {}).items()
+                                    if k.split(":")[0] in ("grow", "release", "fence_retired", "vmm_release")},
+                    "host_us": {k: v for k, v in t.get("host_us_by_api", {}).items()
+                                if k.split(":")[0] in ("grow", "release", "alloc", "free")}})
+    def mmm(v):
+        v = [x for x in v if x is not None]
+        return (min(v), statistics.median(v), max(v)) if v else None
+    summary = {}
+    print("   defaultpolicy: step ms (min / median / max of 3 rounds); peak reserved / peak in use of the pool", flush=True)
+    for wl in workloads:
+        for pol in ("growth", "vmm"):
+            rows = table.get((wl, pol), [])
+            ratios = [x["pool_reserved"] / x["pool_in_use"] for x in rows if x["pool_in_use"] and x["pool_reserved"]]
+            summary[f"{wl}-{pol}"] = {"step_ms": mmm([x["step_ms"] for x in rows]), "reserved_over_in_use": mmm(ratios),
+                                      "pool_reserved_mib": mmm([x["pool_reserved"] / 2**20 for x in rows if x["pool_reserved"]]),
+                                      "outside_peak_mib": mmm([x["outside"] / 2**20 for x in rows if x["outside"] is not None])}
+            print(f"   {wl:12s} {pol:7s} {summary[f'{wl}-{pol}']}", flush=True)
+            for x in rows:
+                print(f"      pool events {x['pool_events']}; host us {x['host_us']}", flush=True)
+            check(f"defaultpolicy {wl} {pol}: all 3 rounds ran, measured a step and were traced",
+                  len(rows) == 3 and all(x["rc"] == 0 and x["step_ms"] is not None and x["pool_in_use"] for x in rows),
+                  json.dumps(rows)[:600])
+        g, v = summary[f"{wl}-growth"]["step_ms"], summary[f"{wl}-vmm"]["step_ms"]
+        if g and v:
+            print(f"   {wl}: vmm / growth, ratio of median steps {v[1] / g[1]:.4f}", flush=True)
+        if wl == "transformer":
+            continue
+        results_seen = {x["result"] for pol in ("growth", "vmm") for x in table.get((wl, pol), [])}
+        check(f"defaultpolicy {wl}: the same result under growth and vmm in every round", len(results_seen) == 1
+              and None not in results_seen, str(sorted(map(str, results_seen))))
+    json.dump(summary, open(os.path.join(OUT, "defaultpolicy.json"), "w"), indent=1)
 
 # ---- Issue 16: who allocated it: native stacks at allocation (CUPOOL_TRACE_STACKS) --------------
 # The pool-hit pair cost with the trace on and stacks off, on (one allocation in 64) and all, in

@@ -4,7 +4,7 @@
 # file too), and exits non-zero if any check failed or did not exercise what it claims.
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT [--only GROUP,...]
 # Groups: suite (test/gpu/compat), contextless (check_contextless.sh), compat, inflight, bench, rounds, steps, quarantine, vmm,
-# xlasync, policies, replay, share, sharing, nvml, memviz, vmmpolicy, stacks (run_all.py's docstring says what each measures).
+# xlasync, policies, replay, share, sharing, nvml, memviz, vmmpolicy, stacks, defaultpolicy (run_all.py's docstring says what each measures).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 command_line="$0 $*"
