@@ -76,7 +76,7 @@ std::vector<std::string> unknown_variables(char** environ);
 // One line for the startup log: "policy=growth free=sync limit=none ... log=info".
 std::string describe(const Config& config);
 
-// The names a configuration is written with (config_json, trace/config_json.h), and back.
+// The names of the policies and free modes, as the trace header records them, and back.
 std::string_view policy_name(PolicyKind policy);
 std::string_view free_mode_name(FreeMode mode);
 std::optional<PolicyKind> policy_named(std::string_view name);

@@ -16,14 +16,7 @@ void append_quoted(std::string& out, std::string_view s) {
       ++p;
       continue;
     }
-    const std::size_t n = utf8_sequence(p, end);
-    if (n == 0) {
-      out += kReplacementCharacter;
-      ++p;
-      continue;
-    }
-    out.append(reinterpret_cast<const char*>(p), n);
-    p += n;
+    p += append_utf8_or_replacement(out, p, end);
   }
   out += '"';
 }

@@ -23,6 +23,16 @@ std::size_t utf8_sequence(const unsigned char* p, const unsigned char* end) {
   return n;
 }
 
+std::size_t append_utf8_or_replacement(std::string& out, const unsigned char* p, const unsigned char* end) {
+  const std::size_t n = utf8_sequence(p, end);
+  if (n == 0) {
+    out += kReplacementCharacter;
+    return 1;
+  }
+  out.append(reinterpret_cast<const char*>(p), n);
+  return n;
+}
+
 bool is_ascii(std::string_view s) {
   const char* p = s.data();
   std::size_t n = s.size();
@@ -53,16 +63,7 @@ std::string valid_utf8(std::string_view s) {
   out.reserve(s.size() + 8);
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const auto* end = p + s.size();
-  while (p < end) {
-    const std::size_t n = utf8_sequence(p, end);
-    if (n == 0) {
-      out += kReplacementCharacter;
-      ++p;
-      continue;
-    }
-    out.append(reinterpret_cast<const char*>(p), n);
-    p += n;
-  }
+  while (p < end) p += append_utf8_or_replacement(out, p, end);
   return out;
 }
 

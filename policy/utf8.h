@@ -17,6 +17,10 @@ inline constexpr std::string_view kReplacementCharacter = "\xef\xbf\xbd";
 // overlong forms, no surrogates, nothing above U+10FFFF). p < end.
 std::size_t utf8_sequence(const unsigned char* p, const unsigned char* end);
 
+// Appends the well-formed sequence at p, or U+FFFD when none begins there; returns the bytes it
+// stands for (the sequence's length, or 1). p < end.
+std::size_t append_utf8_or_replacement(std::string& out, const unsigned char* p, const unsigned char* end);
+
 // Only bytes below 0x80? Eight bytes at a time: almost every trace line is ASCII.
 bool is_ascii(std::string_view s);
 
