@@ -1,5 +1,7 @@
-// ContextPool: one context's pool (context_pool.h): allocation and its miss path, the growth and
-// preallocate policies, free, thread caches, deferred frees' quarantine, the cap, queries, events.
+// ContextPool's allocations and frees (context_pool.h): the hit path and the miss path, the growth
+// and preallocate policies, thread caches, events. Beside it: context_pool_fences.cpp (deferred
+// frees behind fences), context_pool_give_back.cpp (memory given back, memory outside the pool),
+// context_pool_queries.cpp (lookups and state), vmm_range.cpp (the vmm policy).
 #include "context_pool.h"
 
 #include <algorithm>
@@ -15,7 +17,6 @@ namespace cupool {
 
 namespace {
 
-constexpr std::uint64_t kNever = ~std::uint64_t{0};
 constexpr std::size_t kMaxRequest = std::size_t{1} << 62;
 
 // Pool events share the trace's clock with the shim's.
@@ -153,62 +154,6 @@ AllocResult ContextPool::allocate(std::size_t size, PoolStats* state) {
   }
   if (state) *state = reported_state_locked();
   return r;
-}
-
-// Waits for the oldest fence that no other thread waits on, outside the lock, and retires what it
-// proves reusable. `seal_first`: put the open batch behind a fence first (it may be the one waited
-// for). `bounding` (the quarantine bound, not a shortage): only a fence a free sealed at least an
-// interval ago. False when there was none to wait for.
-bool ContextPool::wait_oldest_fence(Lock& lk, bool seal_first, bool bounding) {
-  if (up_.capturing()) return false;  // a wait for uncaptured work is not the program's to make now
-  if (seal_first) seal_pending();
-  bool all_taken = false;
-  Quarantine::Batch* b = quarantine_.oldest_untaken(&all_taken);
-  if (b == nullptr) {
-    // Every sealed fence is being waited on by another thread: wait for the first of them to
-    // retire its batches (giving up here would refuse memory that is about to come back).
-    if (bounding || !all_taken) return false;
-    const std::uint64_t head = quarantine_.oldest_seq();
-    fence_cv_.wait(lk, [&] { return abandoned_ || quarantine_.oldest_seq() != head; });
-    return !abandoned_;
-  }
-  if (bounding && (!b->from_free || !Quarantine::interval_passed(b->sealed_ns, now()))) return false;
-  b->taken = true;  // nobody else polls or waits on a fence the upstream will forget
-  const FenceId fence = b->fence;
-  const std::uint64_t seq = b->seq;
-  lk.unlock();
-  up_.wait_fence(fence);
-  lk.lock();
-  retire_through(seq);
-  retire_ready();
-  fence_cv_.notify_all();
-  return true;
-}
-
-// Waits for quarantined blocks, oldest fence first, trying the allocation after each fence.
-std::uint64_t ContextPool::wait_for_quarantine(Lock& lk, std::uint64_t bytes) {
-  for (;;) {
-    if (std::uint64_t p = take(bytes)) return p;
-    if (!wait_oldest_fence(lk, true)) return 0;
-  }
-}
-
-// Deferred frees never block, so a host far ahead of the device holds everything freed over its
-// whole lead in quarantine (a PyTorch step with a side stream: 3.4 GiB of 4 GiB reserved, on the
-// H200), and the pool grows by as much. An allocation past the bound waits for the oldest fences,
-// but only fences that a free sealed, at least a sealing interval ago:
-// - sealed by a free, a fence covers only work issued before that free, where cudaFree would
-//   have waited for the device anyway; a fence sealed at an allocation may cover later work that
-//   waits on something the host does next (a collective, a host function), and waiting for it
-//   could hang a program that runs without cupool;
-// - an interval old, the host has issued work since, so the device still has some queued.
-// Under preallocate the bound is an eighth of the whole region: memory held there costs nothing.
-void ContextPool::bound_quarantine(Lock& lk) {
-  const std::uint64_t bound = std::max<std::uint64_t>(kQuarantineFloor, reserved_locked() / 8);
-  if (sub_.held() <= bound) return;
-  retire_ready();
-  while (sub_.held() > bound && wait_oldest_fence(lk, false, true)) {
-  }
 }
 
 // The miss path, in order: retired fences; (first use) preallocation; waiting for the oldest
@@ -388,11 +333,6 @@ std::uint64_t ContextPool::take(std::uint64_t bytes) {
   return vmm_->active() ? vmm_->take(bytes) : sub_.allocate(bytes);
 }
 
-std::uint64_t ContextPool::give_back_free(Lock& lk, bool include_prealloc) {
-  return vmm_->active() ? vmm_->unmap_idle(lk, ~std::uint64_t{0}, true)
-                        : release_free_chunks(lk, include_prealloc, kNever);
-}
-
 // Waits until a reservation that another thread has in flight lands (the lock is dropped
 // meanwhile). False when none was in flight. Reservations do not wait for each other, so this
 // cannot deadlock; it never waits on device work.
@@ -408,48 +348,6 @@ bool ContextPool::wait_for_transit(Lock& lk) {
   if (transit_ == 0) return false;
   transit_cv_.wait(lk, [&] { return transit_ == 0 || abandoned_; });
   return !abandoned_;
-}
-
-// Gives back wholly free chunks (those idle since before `idle_before`, kNever: all); the
-// preallocated chunk only when asked. The lock is dropped around the upstream calls.
-std::size_t ContextPool::release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before) {
-  // cuMemFree is a call a capture may forbid the calling thread: chunks stay until it has ended.
-  // The vmm policy's range is never given back while the pool lives (its granules are).
-  if (up_.capturing() || vmm_->active()) return 0;
-  std::vector<Reservation> gone;
-  std::vector<std::uint64_t> bases;
-  sub_.for_each_free_chunk([&](std::uint32_t id, std::uint64_t base, std::size_t) {
-    if (id == prealloc_chunk_ && !include_prealloc) return;
-    if (idle_before != kNever && idle_since_[id] > idle_before) return;
-    gone.push_back(reservations_[id]);
-    bases.push_back(base);
-    if (id == prealloc_chunk_) {
-      prealloc_chunk_ = Suballocator::kNoChunk;
-      prealloc_done_ = false;  // the next allocation preallocates again
-    }
-  });
-  if (gone.empty()) return 0;
-  std::uint64_t bytes = 0;
-  for (std::size_t i = 0; i < gone.size(); ++i) {
-    sub_.remove_chunk(bases[i]);
-    bytes += gone[i].size;
-  }
-  publish_ranges_locked();
-  transit_ += bytes;  // still counts against the cap until the driver has it back
-  lk.unlock();
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> times;
-  times.reserve(gone.size());
-  for (const Reservation& r : gone) {
-    std::uint64_t t0 = now();
-    up_.release(r.base, r.size);
-    times.emplace_back(t0, now() - t0);
-  }
-  lk.lock();
-  transit_ -= bytes;
-  transit_cv_.notify_all();
-  for (std::size_t i = 0; i < gone.size(); ++i)
-    emit(PoolEvent::Kind::release, gone[i].size, gone[i].base, times[i].first, times[i].second);
-  return gone.size();
 }
 
 // ---- free ------------------------------------------------------------------------------------------
@@ -585,11 +483,6 @@ std::uint64_t ContextPool::thread_cached_locked() const {
   return n;
 }
 
-std::uint64_t ContextPool::thread_cached() const {
-  Lock lk(mu_);
-  return thread_cached_locked();
-}
-
 // Empties the bins of every cache (or of `only`) back into the pool: free at once, or into
 // quarantine when reuse now needs a fence.
 std::uint64_t ContextPool::reclaim_caches_locked(ThreadCache* only) {
@@ -665,86 +558,6 @@ void ContextPool::note_free(std::uint64_t ptr, const Suballocator::FreeInfo& inf
   next_idle_check_ = std::min(next_idle_check_, t + *cfg_.release_idle_ns);
 }
 
-// Idle release: a chunk (not the preallocated one) wholly free for release_idle_ns is given back.
-// Checked on allocate/deallocate, only once the earliest candidate can have expired.
-void ContextPool::check_idle(Lock& lk) {
-  if (next_idle_check_ == kNever) return;  // no wholly free chunk: no need to read the clock
-  std::uint64_t t = now();
-  if (t < next_idle_check_ || abandoned_) return;
-  const std::uint64_t idle = *cfg_.release_idle_ns;
-  std::uint64_t next = kNever;
-  sub_.for_each_free_chunk([&](std::uint32_t id, std::uint64_t, std::size_t) {
-    if (id != prealloc_chunk_ && idle_since_[id] + idle > t) next = std::min(next, idle_since_[id] + idle);
-  });
-  next_idle_check_ = next;
-  if (t >= idle) release_free_chunks(lk, false, t - idle);
-}
-
-void ContextPool::seal_pending(bool from_free) {
-  if (!quarantine_.has_open() || up_.capturing()) return;  // the open batch is sealed once the capture ends
-  quarantine_.seal(up_.place_fence(), now(), from_free);
-}
-
-// Fences retire in order: polled from the oldest; a poll is a query, not made during a capture.
-void ContextPool::retire_ready() {
-  if (quarantine_.no_sealed() || up_.capturing()) return;
-  quarantine_.retire_ready([&](FenceId f) { return up_.fence_retired(f); },
-                           [&](const Quarantine::Batch& b) { release_batch(b); });
-}
-
-void ContextPool::retire_through(std::uint64_t seq) {
-  quarantine_.retire_through(seq, [&](const Quarantine::Batch& b) { release_batch(b); });
-}
-
-// A retired batch's blocks are free again.
-void ContextPool::release_batch(const Quarantine::Batch& b) {
-  const std::uint64_t t0 = now();
-  for (std::uint64_t p : b.blocks) {
-    Suballocator::FreeInfo info;
-    if (sub_.release_held(p, &info)) note_free(p, info, true);
-  }
-  emit(PoolEvent::Kind::fence_retired, b.bytes, 0, t0, now() - t0);
-}
-
-// ---- queries ---------------------------------------------------------------------------------------
-
-bool ContextPool::owns(std::uint64_t ptr) const {
-  const std::vector<Range>* ranges = ranges_.load(std::memory_order_acquire);
-  if (ranges == nullptr) return false;
-  auto it = std::upper_bound(ranges->begin(), ranges->end(), ptr,
-                             [](std::uint64_t p, const Range& r) { return p < r.base; });
-  return it != ranges->begin() && ptr < std::prev(it)->end;
-}
-
-bool ContextPool::block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const {
-  Lock lk(mu_);
-  return sub_.block_range(ptr, base, size) && !in_a_cache_locked(*base);
-}
-
-bool ContextPool::block_in_reservation(std::uint64_t ptr, std::uint64_t* base, std::size_t* size,
-                                      std::uint64_t* reservation_base) const {
-  Lock lk(mu_);
-  if (!sub_.block_range(ptr, base, size) || in_a_cache_locked(*base)) return false;
-  const std::uint32_t id = sub_.chunk_of(*base);
-  if (id == Suballocator::kNoChunk || id >= reservations_.size()) return false;
-  *reservation_base = reservations_[id].base;
-  return true;
-}
-
-std::size_t ContextPool::block_size(std::uint64_t ptr) const {
-  Lock lk(mu_);
-  return in_a_cache_locked(ptr) ? 0 : sub_.block_size(ptr);
-}
-
-// A block in a thread's bin is free to the program, though the suballocator holds it live.
-bool ContextPool::in_a_cache_locked(std::uint64_t ptr) const {
-  for (const auto& c : caches_) {
-    std::lock_guard g(c->lock);
-    if (c->holds(ptr)) return true;
-  }
-  return false;
-}
-
 PoolStats ContextPool::state_locked() const {
   PoolStats s;
   s.reserved = reserved_locked();
@@ -776,115 +589,6 @@ PoolStats ContextPool::reported_state_locked() const {
     snapshot_fresh_ = true;
   }
   return s;
-}
-
-PoolStats ContextPool::state() const {
-  Lock lk(mu_);
-  return state_locked();
-}
-
-void ContextPool::mem_info(std::size_t* free, std::size_t* total) {
-  std::size_t dev_total = 0, dev_free = 0;
-  up_.device_memory(&dev_total, &dev_free);  // outside the lock: the real query is a driver call
-  Lock lk(mu_);
-  std::uint64_t t = has_limit_ ? cap_ : dev_total;
-  std::uint64_t f = std::min<std::uint64_t>(headroom(), dev_free) + free_locked() + thread_cached_locked();
-  if (free) *free = std::min(f, t);
-  if (total) *total = t;
-}
-
-std::uint64_t ContextPool::outside() const {
-  Lock lk(mu_);
-  return outside_;
-}
-
-// Refused only when the bytes the process holds plus `bytes` pass the cap once the pool has given
-// back what it can (thread caches, the quarantine, wholly free chunks) and no reservation or
-// release of another thread is still in flight.
-bool ContextPool::try_charge_outside(std::size_t bytes) {
-  Lock lk(mu_);
-  for (bool given_back = false;;) {
-    if (bytes <= headroom() && take_locked(bytes)) {
-      outside_ += bytes;
-      return true;
-    }
-    if (abandoned_) break;
-    if (wait_for_growth(lk)) continue;
-    if (!given_back) {
-      given_back = true;
-      give_back_idle_locked(lk);
-      continue;
-    }
-    if (!wait_for_transit(lk)) break;
-  }
-  emit(PoolEvent::Kind::oom, bytes, 0, now(), 0, at_cap());
-  return false;
-}
-
-void ContextPool::give_back_idle_locked(Lock& lk) {
-  reclaim_caches_locked();
-  retire_ready();
-  while (!quarantine_.empty() && wait_oldest_fence(lk, true)) {
-  }
-  give_back_free(lk, false);
-}
-
-void ContextPool::give_back_idle() {
-  Lock lk(mu_);
-  if (!abandoned_) give_back_idle_locked(lk);
-}
-
-bool ContextPool::has_room(std::size_t bytes) const {
-  Lock lk(mu_);
-  return bytes <= headroom();
-}
-
-void ContextPool::charge_outside(std::size_t bytes) {
-  Lock lk(mu_);
-  outside_ += bytes;
-}
-
-void ContextPool::uncharge_outside(std::size_t bytes) {
-  Lock lk(mu_);
-  outside_ -= std::min<std::uint64_t>(outside_, bytes);
-}
-
-void ContextPool::trim() {
-  Lock lk(mu_);
-  if (abandoned_) return;
-  reclaim_caches_locked();
-  seal_pending();
-  retire_ready();
-  give_back_free(lk, true);
-}
-
-void ContextPool::after_fork_in_child() {
-  thread_caches::after_fork_in_child();
-}
-
-void ContextPool::abandon_after_fork() {
-  mu_.reset_after_fork();
-  for (auto& c : caches_) c->lock.reset_after_fork();
-  abandon();
-}
-
-void ContextPool::abandon() {
-  Lock lk(mu_);
-  abandoned_ = true;
-  for (auto& c : caches_) {  // the memory is gone with the context
-    std::lock_guard g(c->lock);
-    c->drain([](std::uint64_t, std::uint64_t) {});
-    c->forget_live();
-  }
-  sub_.clear();
-  publish_ranges_locked();
-  reservations_.clear();
-  idle_since_.clear();
-  quarantine_.clear();
-  vmm_->clear();
-  outside_ = 0;
-  prealloc_chunk_ = Suballocator::kNoChunk;
-  next_idle_check_ = kNever;
 }
 
 // ---- events ----------------------------------------------------------------------------------------

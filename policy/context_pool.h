@@ -152,6 +152,8 @@ class ContextPool final : public ThreadCacheOwner {
     std::uint64_t base, end;
   };
 
+  static constexpr std::uint64_t kNever = ~std::uint64_t{0};  // no time yet (next_idle_check_, idle_before)
+
   std::uint64_t now() const { return clock_(clock_ctx_); }
   std::uint64_t charged() const { return reserved_locked() + transit_ + outside_; }
   // What the pool holds from the device: its chunks, or (vmm) its mapped granules.
