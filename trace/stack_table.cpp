@@ -1,3 +1,4 @@
+// Interned call stacks and their `stack` lines (stack_table.h).
 #include "stack_table.h"
 
 #include <cxxabi.h>

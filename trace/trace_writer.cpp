@@ -1,3 +1,5 @@
+// The trace writer (trace_writer.h): per-thread rings of events, the writer thread that formats
+// them as lines, the file of each process (a fork child's too), and its header, devices and footer.
 #include "trace_writer.h"
 
 #include "event_clock.h"
