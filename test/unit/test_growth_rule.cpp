@@ -1,5 +1,5 @@
 // Unit tests of the growth policy's rule (policy/growth_rule.h): the step, and the next chunk from
-// step, need and headroom.
+// step, need and headroom; and how an upstream serves the ask (reserve_at_least, upstream.h).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include "context_pool.h"
 #include "growth_rule.h"
 #include "suballocator.h"
+#include "upstream.h"
 
 using namespace cupool;
 using growth::Ask;
@@ -95,5 +96,46 @@ TEST_CASE("growth rule: what it asks holds the allocation and fits the headroom"
     CHECK(a.chunk <= headroom);
     CHECK((a.chunk % (2 * MiB) == 0 || a.chunk == a.need));
     if (step <= headroom && a.need <= step) CHECK(a.chunk == step);
+  }
+}
+
+TEST_CASE("growth's ask of the upstream: the chunk, then the minimum where there was no room", "[growth]") {
+  struct Asked {
+    std::size_t bytes;
+    bool last;
+  };
+  auto serve = [](std::size_t bytes, std::size_t min, UpstreamStatus first, std::vector<Asked>* asks,
+                  std::size_t* got) {
+    return reserve_at_least(bytes, min, got, [&](std::size_t n, bool last) {
+      asks->push_back({n, last});
+      return asks->size() == 1 ? first : UpstreamStatus::ok;
+    });
+  };
+  std::vector<Asked> asks;
+  std::size_t got = 0;
+  SECTION("room: one ask, a smaller one would follow") {
+    CHECK(serve(32 * MiB, 2 * MiB, UpstreamStatus::ok, &asks, &got) == UpstreamStatus::ok);
+    REQUIRE(asks.size() == 1);
+    CHECK((asks[0].bytes == 32 * MiB && !asks[0].last));
+    CHECK(got == 32 * MiB);
+  }
+  SECTION("no room on the device, or in a budget: the minimum, last") {
+    for (UpstreamStatus no_room : {UpstreamStatus::out_of_memory, UpstreamStatus::share_exhausted}) {
+      asks.clear();
+      CHECK(serve(32 * MiB, 2 * MiB, no_room, &asks, &got) == UpstreamStatus::ok);
+      REQUIRE(asks.size() == 2);
+      CHECK((asks[0].bytes == 32 * MiB && !asks[0].last));
+      CHECK((asks[1].bytes == 2 * MiB && asks[1].last));
+      CHECK(got == 2 * MiB);
+    }
+  }
+  SECTION("another error: no second ask") {
+    CHECK(serve(32 * MiB, 2 * MiB, UpstreamStatus::error, &asks, &got) == UpstreamStatus::error);
+    CHECK(asks.size() == 1);
+  }
+  SECTION("no smaller size allowed: one ask, last") {
+    CHECK(serve(4 * MiB, 4 * MiB, UpstreamStatus::out_of_memory, &asks, &got) == UpstreamStatus::out_of_memory);
+    REQUIRE(asks.size() == 1);
+    CHECK(asks[0].last);
   }
 }
