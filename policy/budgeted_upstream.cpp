@@ -11,7 +11,7 @@ namespace {
 thread_local ShareAskScope* t_share_ask = nullptr;  // the innermost allocation of this thread
 }  // namespace
 
-ShareAskScope::ShareAskScope(std::size_t) : outer_(t_share_ask) { t_share_ask = this; }
+ShareAskScope::ShareAskScope() : outer_(t_share_ask) { t_share_ask = this; }
 ShareAskScope::~ShareAskScope() { t_share_ask = outer_; }
 
 bool BudgetedUpstream::admit(std::size_t bytes, bool may_wait) {

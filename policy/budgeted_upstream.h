@@ -17,7 +17,7 @@ namespace cupool {
 // allocation waits for others at most CUPOOL_SHARE_WAIT in all, not that long at every ask.
 class ShareAskScope {
  public:
-  explicit ShareAskScope(std::size_t /*what the program asked for: the budget needs it not*/ = 0);
+  ShareAskScope();
   ~ShareAskScope();
   ShareAskScope(const ShareAskScope&) = delete;
   ShareAskScope& operator=(const ShareAskScope&) = delete;

@@ -1,3 +1,5 @@
+// The trace events' clock (event_clock.h): the TSC fit, the choice between the TSC and
+// clock_gettime, and the ordered TSC read the hot paths stamp with.
 #include "event_clock.h"
 
 #include <cpuid.h>

@@ -1,3 +1,5 @@
+// Granules (granules.h): the vmm policy's bookkeeping of which granules are mapped and which
+// no block touches any more.
 #include "granules.h"
 
 #include <algorithm>

@@ -1,3 +1,5 @@
+// CUDA IPC handles of pool blocks (ipc_handle.h): writing and reading a block's place in its
+// chunk in the handle's last bytes.
 #include "ipc_handle.h"
 
 #include <cstring>

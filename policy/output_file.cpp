@@ -1,3 +1,5 @@
+// Creating the files cupool writes (output_file.h) without following a planted link or trusting
+// another user's file.
 #include "output_file.h"
 
 #include <fcntl.h>

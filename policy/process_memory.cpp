@@ -135,7 +135,7 @@ void ProcessMemory::drop_if(const std::function<bool(const ContextMemory&)>& whi
 // ---- allocation ------------------------------------------------------------------------------
 
 AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state) {
-  const ShareAskScope ask(size);  // every budget wait of this allocation ends at one deadline
+  const ShareAskScope ask;  // every budget wait of this allocation ends at one deadline
   AllocResult r = c.pool->allocate(size, state);
   if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state);  // kept VMM mappings first
   if (r.ptr == 0) {

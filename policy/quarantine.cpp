@@ -1,3 +1,4 @@
+// Quarantine (quarantine.h): deferred frees held in batches behind fences until they retire.
 #include "quarantine.h"
 
 namespace cupool {

@@ -1,3 +1,5 @@
+// SharedBudget (shared_budget.h): the node's shared budget in its shared-memory segment: joining,
+// admitting, giving back, waiting, and reclaiming the bytes of members that are gone.
 #include "shared_budget.h"
 
 #include <fcntl.h>

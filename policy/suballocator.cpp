@@ -1,3 +1,4 @@
+// Suballocator (suballocator.h): the two-level segregated fit that places blocks in chunks.
 #include "suballocator.h"
 
 #include <algorithm>

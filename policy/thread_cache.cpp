@@ -1,3 +1,5 @@
+// Thread caches (thread_cache.h): a thread's bins of freed blocks in front of a ContextPool, and
+// the per-thread list of the caches it owns.
 #include "thread_cache.h"
 
 #include <mutex>

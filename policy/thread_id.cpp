@@ -1,3 +1,4 @@
+// The calling thread's kernel id (thread_id.h), cached per thread and per fork.
 #include "thread_id.h"
 
 #include <pthread.h>

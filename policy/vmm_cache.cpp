@@ -1,3 +1,5 @@
+// VmmCache (vmm_cache.h): which whole virtual-memory mappings are kept for reuse, and which go
+// back to the driver.
 #include "vmm_cache.h"
 
 #include <algorithm>

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "context_pool.h"
+#include "driver_calls.h"
 #include "hook_table.h"
 #include "hooks_internal.h"
 #include "log.h"
@@ -24,43 +25,26 @@ namespace {
 
 using trace::Path;
 
-// The driver functions for walking a graph (optional: a driver without them is not sized).
-struct GraphCalls {
-  decltype(&::cuGraphGetNodes) get_nodes = nullptr;
-  decltype(&::cuGraphNodeGetType) node_type = nullptr;
-  decltype(&::cuGraphMemAllocNodeGetParams) alloc_params = nullptr;
-  decltype(&::cuGraphChildGraphNodeGetGraph) child_graph = nullptr;
-};
-const GraphCalls& graph_calls() {
-  static const GraphCalls calls = [] {
-    GraphCalls c;
-    c.get_nodes = reinterpret_cast<decltype(c.get_nodes)>(driver_function("cuGraphGetNodes"));
-    c.node_type = reinterpret_cast<decltype(c.node_type)>(driver_function("cuGraphNodeGetType"));
-    c.alloc_params = reinterpret_cast<decltype(c.alloc_params)>(driver_function("cuGraphMemAllocNodeGetParams"));
-    c.child_graph = reinterpret_cast<decltype(c.child_graph)>(driver_function("cuGraphChildGraphNodeGetGraph"));
-    return c;
-  }();
-  return calls;
-}
-
 // The bytes of every allocation node of `graph`, child graphs included.
 std::uint64_t allocation_bytes(CUgraph graph, int depth = 0) {
-  const GraphCalls& g = graph_calls();
-  if (!g.get_nodes || !g.node_type || !g.alloc_params || graph == nullptr || depth > 16) return 0;
+  const DriverCalls& g = driver();  // the graph-walking calls are optional: a driver without them is not sized
+  if (!g.graph_get_nodes || !g.graph_node_get_type || !g.graph_mem_alloc_node_get_params || graph == nullptr ||
+      depth > 16)
+    return 0;
   size_t count = 0;
-  if (g.get_nodes(graph, nullptr, &count) != CUDA_SUCCESS || count == 0) return 0;
+  if (g.graph_get_nodes(graph, nullptr, &count) != CUDA_SUCCESS || count == 0) return 0;
   std::vector<CUgraphNode> nodes(count);
-  if (g.get_nodes(graph, nodes.data(), &count) != CUDA_SUCCESS) return 0;
+  if (g.graph_get_nodes(graph, nodes.data(), &count) != CUDA_SUCCESS) return 0;
   std::uint64_t bytes = 0;
   for (CUgraphNode n : nodes) {
     CUgraphNodeType type;
-    if (g.node_type(n, &type) != CUDA_SUCCESS) continue;
+    if (g.graph_node_get_type(n, &type) != CUDA_SUCCESS) continue;
     if (type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
       CUDA_MEM_ALLOC_NODE_PARAMS params{};
-      if (g.alloc_params(n, &params) == CUDA_SUCCESS) bytes += params.bytesize;
-    } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && g.child_graph) {
+      if (g.graph_mem_alloc_node_get_params(n, &params) == CUDA_SUCCESS) bytes += params.bytesize;
+    } else if (type == CU_GRAPH_NODE_TYPE_GRAPH && g.graph_child_graph_node_get_graph) {
       CUgraph child = nullptr;
-      if (g.child_graph(n, &child) == CUDA_SUCCESS) bytes += allocation_bytes(child, depth + 1);
+      if (g.graph_child_graph_node_get_graph(n, &child) == CUDA_SUCCESS) bytes += allocation_bytes(child, depth + 1);
     }
   }
   return bytes;

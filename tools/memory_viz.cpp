@@ -1,3 +1,5 @@
+// `cupool export --memory-viz` (memory_viz.h): the traces' segments, blocks and trace entries
+// written as a PyTorch memory snapshot.
 #include "memory_viz.h"
 
 #include <algorithm>

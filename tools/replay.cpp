@@ -1,3 +1,5 @@
+// `cupool replay` (replay.h): recorded events driven through ProcessMemory on simulated devices,
+// one run per policy, into one Analysis each.
 #include "replay.h"
 
 #include <algorithm>

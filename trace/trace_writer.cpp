@@ -2,6 +2,8 @@
 // them as lines, the file of each process (a fork child's too), and its header, devices and footer.
 #include "trace_writer.h"
 
+#include "thread_id.h"
+
 #include "event_clock.h"
 
 #include <fcntl.h>
@@ -364,7 +366,7 @@ TraceWriter::Ring* TraceWriter::register_thread() {
   }
   Ring* ring;
   try {
-    ring = new Ring(ring_capacity_, static_cast<std::uint32_t>(::syscall(SYS_gettid)));
+    ring = new Ring(ring_capacity_, current_thread_id());
   } catch (...) {
     return nullptr;
   }
