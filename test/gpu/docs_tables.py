@@ -65,14 +65,14 @@ def allocs(r):
 # ---- the tables --------------------------------------------------------------------------------
 
 def compat_suite():
-    d = load("2026-12-02-runZ3-compat.json")
+    d = load("2026-12-02-runZ4-compat.json")
     cells = {}
     for r in d["runs"]:
         cells.setdefault(r["program"], {})[r["config"]] = r["cell"]
     configs = [c for c in d["configs"] if not c.startswith("native")]
     rows = [[f"`{p}`", "ok" if all(c.get(n) == "ok" for n in ("native1", "native2")) else "FAIL"] +
             [c.get(x, "?") for x in configs] for p, c in cells.items()]
-    return source("2026-12-02-runZ3-compat.json", d["header"]) + f" Result: {d['result']}.\n\n" + table(
+    return source("2026-12-02-runZ4-compat.json", d["header"]) + f" Result: {d['result']}.\n\n" + table(
         ["program", "without cupool (twice)"] + [c.replace("-", " ") for c in configs], rows)
 
 

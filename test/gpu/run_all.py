@@ -723,7 +723,9 @@ if wanted("defaultpolicy"):
                 if wl == "transformer":
                     transformer_runs(r)
                 t = r.get("trace") or {}
-                res = exact(r) if wl != "varlen" else (last_json(r) or {}).get("loss_hex")
+                # train_varlen.py's exact loss differs from run to run without cupool too (runZ6:
+                # 0x1.e099bc and 0x1.e099b8 in two runs): its loss is held to a tolerance below.
+                res = exact(r) if wl != "varlen" else (last_json(r) or {}).get("loss")
                 table.setdefault((wl, pol), []).append({
                     "rc": r["rc"], "step_ms": step_of(r), "result": res,
                     "pool_in_use": t.get("peak_in_use"), "pool_reserved": t.get("peak_reserved"),
@@ -756,6 +758,12 @@ if wanted("defaultpolicy"):
         if g and v:
             print(f"   {wl}: vmm / growth, ratio of median steps {v[1] / g[1]:.4f}", flush=True)
         if wl == "transformer":
+            continue
+        if wl == "varlen":
+            losses = [x["result"] for pol in ("growth", "vmm") for x in table.get((wl, pol), [])]
+            check("defaultpolicy varlen: every round's loss within 1e-5 of the others under growth and vmm (the "
+                  "workload's own run-to-run spread; its exact loss is not reproducible without cupool either)",
+                  len(losses) == 6 and None not in losses and max(losses) - min(losses) <= 1e-5, str(losses))
             continue
         results_seen = {x["result"] for pol in ("growth", "vmm") for x in table.get((wl, pol), [])}
         check(f"defaultpolicy {wl}: the same result under growth and vmm in every round", len(results_seen) == 1
