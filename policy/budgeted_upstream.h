@@ -34,8 +34,6 @@ class BudgetedUpstream final : public Upstream {
  public:
   BudgetedUpstream(Upstream& inner, SharedBudget& share, ContextMemory& c, std::uint64_t wait_ns)
       : inner_(inner), share_(share), c_(c), wait_ns_(wait_ns) {}
-  // What `cupool top` shows of this member, now (the periodic give-back calls it).
-  void publish_now() { publish(); }
   // Each ask is admitted on its own. One that a smaller ask follows waits for no one: the budget
   // refuses it at once if it has no room, and only the smallest ask waits.
   UpstreamStatus reserve(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,

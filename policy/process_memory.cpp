@@ -368,8 +368,10 @@ void ProcessMemory::give_back() {
   for_each([this](ContextMemory& c) {
     c.pool->trim();
     vmm_evict(&c);
-    if (c.budgeted) c.budgeted->publish_now();
   });
+  // Top's figures once, summed per device: a context's own figures would stand for its device's
+  // until the next publish (wrong where a device has two contexts).
+  publish_share();
 }
 
 // ---- fork ------------------------------------------------------------------------------------
