@@ -49,6 +49,16 @@ SCENARIOS = [  # (name, jobs, budgets as fractions of the sum of the jobs' peaks
     ("varlen-varlen-transformer", ["varlen-1", "varlen-2", "transformer"], [0.85, 0.7]),
 ]
 WAYS = ["preallocate-fixed", "growth-capped", "growth-shared"]
+# For the docs (test/gpu/run_all.sh --docs): SHARING_WAYS (also vmm-capped, vmm-shared: the same
+# under the vmm policy), SHARING_SCENARIOS (name:fraction,...: only these), SHARING_ROUNDS (every
+# scenario and way once per round, the ways' order reversed every other round).
+WAYS = [w for w in os.environ.get("SHARING_WAYS", ",".join(WAYS)).split(",") if w]
+if os.environ.get("SHARING_SCENARIOS"):
+    keep = [x.split(":") for x in os.environ["SHARING_SCENARIOS"].split(",")]
+    SCENARIOS = [(n, j, [f for f in fr if any(n == k and abs(f - float(v)) < 1e-9 for k, v in keep)])
+                 for n, j, fr in SCENARIOS]
+    SCENARIOS = [s for s in SCENARIOS if s[2]]
+ROUNDS = int(os.environ.get("SHARING_ROUNDS", "1"))
 failures = []
 
 
@@ -134,10 +144,10 @@ def launch(tag, job, way, share_mib=None, budget_name=None, budget_mib=None):
     if way == "preallocate-fixed":
         args += ["--policy", "preallocate", "--preallocate", f"{share_mib}MiB"]
         env["CUPOOL_PREALLOCATE_GROW"] = "false"
-    elif way == "growth-capped":
-        args += ["--policy", "growth", "--limit", f"{share_mib}MiB"]
-    elif way == "growth-shared":
-        args += ["--policy", "growth"]
+    elif way in ("growth-capped", "vmm-capped"):
+        args += ["--policy", way.split("-")[0], "--limit", f"{share_mib}MiB"]
+    elif way in ("growth-shared", "vmm-shared"):
+        args += ["--policy", way.split("-")[0]]
         env.update(CUPOOL_SHARE=budget_name, CUPOOL_SHARE_LIMIT=f"0:{budget_mib}MiB", CUPOOL_SHARE_WAIT="30s")
     else:  # alone: growth, no cap
         args += ["--policy", "growth"]
@@ -177,16 +187,16 @@ for job in JOBS:
     if not r["finished"] or r["allocs"] == 0:
         fail(f"{job} alone: rc {r['rc']}, {r['allocs']} allocations traced {r['stderr_tail'][-300:]}")
 
-# 2. The scenarios.
-for name, jobs, fractions in SCENARIOS:
+# 2. The scenarios, ROUNDS times.
+for rnd, name, jobs, fractions in [(r, *s) for r in range(1, ROUNDS + 1) for s in SCENARIOS]:
     peaks = [results["alone"][j]["peak_reserved_mib"] for j in jobs]
     if not all(peaks):
         continue
     for fraction in fractions:
         budget = int(math.ceil(fraction * sum(peaks) / 64) * 64)  # MiB, a multiple of 64
         shares = [int(budget * pk / sum(peaks)) for pk in peaks]
-        for way in WAYS:
-            tag = f"{name}-{int(fraction * 100)}pct-{way}"
+        for way in (WAYS if rnd % 2 else WAYS[::-1]):
+            tag = f"{name}-{int(fraction * 100)}pct-{way}" + (f"-round{rnd}" if ROUNDS > 1 else "")
             budget_name = "sharing-" + uuid.uuid4().hex[:10]
             mem = DeviceMemory()
             started = time.time()
@@ -201,7 +211,7 @@ for name, jobs, fractions in SCENARIOS:
                 pass
             for d, s in zip(done, shares):
                 d["share_mib"] = s
-            row = {"scenario": name, "fraction": fraction, "budget_mib": budget, "way": way, "wall_s": round(wall, 1),
+            row = {"round": rnd, "scenario": name, "fraction": fraction, "budget_mib": budget, "way": way, "wall_s": round(wall, 1),
                    "finished": sum(d["finished"] for d in done), "jobs": done,
                    "peak_device_used_mib": None if peak is None else peak - idle,
                    "sum_peak_reserved_mib": round(sum(d["peak_reserved_mib"] for d in done), 1)}
@@ -213,7 +223,7 @@ for name, jobs, fractions in SCENARIOS:
             for d in done:
                 if d["allocs"] == 0:
                     fail(f"{tag} {d['job']}: its trace saw no allocation")
-                if way == "growth-shared" and not d["share_member"]:
+                if way.endswith("-shared") and not d["share_member"]:
                     fail(f"{tag} {d['job']}: not a member of the shared budget")
 
 with open(os.path.join(OUT, "sharing.json"), "w") as f:

@@ -332,37 +332,53 @@ if wanted("bench"):
         check(f'{r["name"]}: ran and measured', r["rc"] == 0 and last_json(r).get("median_ns") is not None)
 
 # ---- Issue 3: pair cost, alternating rounds (the host's noise moves single runs by 50 ns) --------
+# Every configuration of `bench` (and vmm's) once per round, the order reversed every other round
+# (A B C .. C B A ..), ROUNDS rounds: docs_tables.py reports min / median / max over the rounds.
+ROUNDS = int(os.environ.get("CUPOOL_GPU_ROUNDS", "3"))
 if wanted("rounds"):
     exe = os.path.join(BIN, "bench_alloc")
-    for i in (1, 2, 3):
-        run(f"round{i}-deferred-trace-on", [exe, "malloc", f"round {i}: cupool growth deferred, trace on"],
-            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred", "CUPOOL_TRACE_BUFFER": "1048576"})
-        run(f"round{i}-deferred-trace-off", [exe, "malloc", f"round {i}: cupool growth deferred, trace off"],
-            shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred", "CUPOOL_TRACE": ""})
-        run(f"round{i}-async", [exe, "async", f"round {i}: cudaMallocAsync+cudaFreeAsync"])
+    configs = [("driver", "malloc", None), ("async", "async", None)] + [
+        (f"{pol}-{free}-trace-{tr}", "malloc", dict({"CUPOOL_POLICY": pol, "CUPOOL_FREE": free},
+                                                    **({"CUPOOL_TRACE_BUFFER": "1048576"} if tr == "on" else {"CUPOOL_TRACE": ""})))
+        for pol, free, tr in (("growth", "deferred", "off"), ("growth", "deferred", "on"), ("growth", "sync", "off"),
+                              ("growth", "sync", "on"), ("vmm", "deferred", "off"))]
+    for i in range(1, ROUNDS + 1):
+        for name, api, shim in (configs if i % 2 else configs[::-1]):
+            r = run(f"round{i}-{name}", [exe, api, f"round {i}: {name}"], shim=shim)
+            check(f'{r["name"]}: ran and measured', r["rc"] == 0 and last_json(r).get("median_ns") is not None)
     for r in runs:
         if r["name"].startswith("round"):
             rows = [json.loads(l) for l in r["stdout"].splitlines() if l.startswith("{")]
             print(f'   {r["name"]}: ' + " ".join(f'{x["bytes"]}/{x["threads"]}:{x["median_ns"]}' for x in rows), flush=True)
 
 # ---- Issue 3: framework steps with every tensor through cupool ----------------------------------
+# ROUNDS alternating rounds (the order reversed every other round): docs_tables.py reports min /
+# median / max of each configuration's step over the rounds.
 if wanted("steps"):
     nocache = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
-    caching = run("step-torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"})
-    bare = run("step-torch-nocache-nocupool", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache"))
-    under = [run(f"step-torch-nocache-growth-{free}", TRANSFORMER_WITH_STATS, dict(nocache, MODE=f"nocache+cupool {free}"),
-                 shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": free}) for free in ("deferred", "sync")]
-    under.append(run("step-torch-caching-growth", TRANSFORMER_WITH_STATS, {"MODE": "caching+cupool"},
-                     shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}))
-    transformer_runs(caching, bare, *under)
-    for r in under:
-        traced(r)
-    bfc = run("step-jax-bfc-nocupool", [PY, JAX_MLP], {"MODE": "bfc"})
-    platform = run("step-jax-platform-nocupool", [PY, JAX_MLP], {"MODE": "platform", "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"})
-    jax_under = run("step-jax-platform-growth-deferred", [PY, JAX_MLP], {"MODE": "platform+cupool",
-                    "XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, shim={"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"})
-    same_result("jax_mlp_step: every buffer through cupool gives the platform allocator's weights", platform, jax_under)
-    traced(jax_under)
+    platform_env = {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}
+    deferred = {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "deferred"}
+    configs = [  # (name, command, environment, cupool settings or None)
+        ("torch-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}, None),
+        ("torch-nocache-nocupool", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache"), None),
+        ("torch-nocache-growth-deferred", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache+cupool deferred"), deferred),
+        ("torch-nocache-growth-sync", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache+cupool sync"),
+         {"CUPOOL_POLICY": "growth", "CUPOOL_FREE": "sync"}),
+        ("torch-caching-growth", TRANSFORMER_WITH_STATS, {"MODE": "caching+cupool"}, deferred),
+        ("jax-bfc-nocupool", [PY, JAX_MLP], {"MODE": "bfc"}, None),
+        ("jax-platform-nocupool", [PY, JAX_MLP], dict(platform_env, MODE="platform"), None),
+        ("jax-platform-growth-deferred", [PY, JAX_MLP], dict(platform_env, MODE="platform+cupool"), deferred),
+    ]
+    for i in range(1, ROUNDS + 1):
+        got = {}
+        for name, cmd, env, shim in (configs if i % 2 else configs[::-1]):
+            got[name] = run(f"step-round{i}-{name}", cmd, env, shim=shim)
+            if name.startswith("torch-"):
+                transformer_runs(got[name])
+            if shim is not None:
+                traced(got[name])
+        same_result(f"jax_mlp_step round {i}: every buffer through cupool gives the platform allocator's weights",
+                    got["jax-platform-nocupool"], got["jax-platform-growth-deferred"])
 
 # ---- Issue 3: how much memory the deferred quarantine holds -------------------------------------
 # Fences (and so quarantine) are needed once the process has created a stream that can run beside
@@ -464,9 +480,22 @@ if wanted("xlasync"):
         check(f'{r["name"]}: ran and measured', r["rc"] == 0 and bool(r["xlasync"]))
 
 # ---- Issue 4: growth vs preallocate vs the frameworks' allocators (docs/policies.md) ----------
+# CUPOOL_GPU_POLICIES_ROUNDS_OF=name,...: only these experiments, once each per round, in ROUNDS
+# rounds (A B C A B C ..., each round's results in OUT/policies-roundN/policies.json), for
+# docs_tables.py's min / median / max (run_all.sh --docs sets it).
 if wanted("policies"):
-    p = subprocess.run([PY, os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py"), BUILD, OUT])
-    check("policies: every experiment ran", p.returncode == 0, f"run_policies.py exited {p.returncode}")
+    script = os.path.join(HERE, "..", "..", "examples", "policies", "run_policies.py")
+    rounds_of = os.environ.get("CUPOOL_GPU_POLICIES_ROUNDS_OF")
+    if rounds_of:
+        for i in range(1, ROUNDS + 1):
+            p = subprocess.run([PY, script, BUILD, os.path.join(OUT, f"policies-round{i}")],
+                               env=dict(os.environ, RUN_POLICIES_ONLY=rounds_of, RUN_POLICIES_REPEAT="1",
+                                        RUN_POLICIES_TRACES=os.path.join(TRACES, f"policies-round{i}")))
+            check(f"policies round {i}: every experiment ran ({rounds_of})", p.returncode == 0,
+                  f"run_policies.py exited {p.returncode}")
+    else:
+        p = subprocess.run([PY, script, BUILD, OUT])
+        check("policies: every experiment ran", p.returncode == 0, f"run_policies.py exited {p.returncode}")
 
 # ---- Issue 13: replay runs what the shim runs -------------------------------------------------------
 # A framework run under cupool, then `cupool replay --policy recorded` of its trace: the same

@@ -3,6 +3,12 @@
 # built here. Prints the build, GPU, driver and library versions first (they head every results
 # file too), and exits non-zero if any check failed or did not exercise what it claims.
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT [--only GROUP,...]
+#   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --docs --part K/3
+# --docs: everything the measured pages quote, in three parts of one device call each (under
+# 540 s each on the H200; test/gpu/docs_plan.py says which groups, with what settings, and its
+# estimates); the output is also written to OUT/run.log. Then, here:
+#   test/gpu/docs_plan.py save FILES_AT/OUT docs/gpu-runs/DATE-docsK   (each part), and
+#   test/gpu/docs_tables.py .                                         (the pages from them).
 # Groups: suite (test/gpu/compat), contextless (check_contextless.sh), compat, inflight, bench, rounds, steps, quarantine, vmm,
 # xlasync, policies, replay, share, sharing, nvml, memviz, vmmpolicy, stacks, defaultpolicy (run_all.py's docstring says what each measures).
 set -uo pipefail
@@ -10,6 +16,19 @@ here=$(cd "$(dirname "$0")" && pwd)
 command_line="$0 $*"
 build=$(cd "$1" && pwd) carry=$(cd "$2" && pwd) out=$3; shift 3
 mkdir -p "$out"
+groups=all
+if [[ ${1:-} == --docs ]]; then
+  if [[ ${2:-} != --part || -z ${3:-} ]]; then
+    echo "run_all.sh: --docs --part K/3 (one device call each; test/gpu/docs_plan.py lists them)" >&2
+    exit 2
+  fi
+  plan=$(python3 "$here/docs_plan.py" groups "$3") || exit 2
+  groups=$(head -1 <<<"$plan")
+  while IFS= read -r setting; do export "$setting"; done < <(tail -n +2 <<<"$plan")
+  exec > >(tee "$out/run.log") 2>&1
+elif [[ ${1:-} == --only ]]; then
+  groups=$2
+fi
 if [[ ! -f $build/BUILD_ID ]]; then
   echo "run_all.sh: $build/BUILD_ID is missing: build with test/gpu/prepare.sh" >&2
   exit 2
@@ -40,8 +59,6 @@ for k, v in h.items():
     print(f"{k}: {v}")
 PY
 status=0
-groups=all
-[[ ${1:-} == --only ]] && groups=$2
 if [[ $groups == all || ,$groups, == *,suite,* ]]; then
   python3 "$here/compat/run_compat.py" "$build" "$carry/compat" "$out" --jobs 8 || status=1
 fi
