@@ -11,8 +11,12 @@ ends of a range) must be one of a few design constants (DESIGN_CONSTANTS), or ap
 in a raw file that its own paragraph names (`docs/gpu-runs/FILE`; a size may appear there as its
 exact count of bytes). Numbers are compared as values: "29.0" matches "29", "2 528" matches "2528".
 
-  docs_tables.py ROOT            rewrite the tables in place (and check docs/design.md)
-  docs_tables.py ROOT --check    exit 1 if a table or a number is not what the results say
+  docs_tables.py ROOT                  rewrite the tables and claims in place (and check docs/design.md)
+  docs_tables.py ROOT --check          exit 1 if a table, claim or number is not what the results say
+  docs_tables.py ROOT --check-library  --check, and the measured pages quote only runs of HEAD's
+                                       library, and compare only in generated claims (docs_check.py)
+The checks themselves are in docs_check.py; the raw files of the docs run (run_all.sh --docs), where
+they exist, in docs_plan.py's names.
 """
 import json
 import os
@@ -21,10 +25,12 @@ import statistics
 import sys
 from decimal import Decimal
 
+import docs_check  # test/gpu/docs_check.py
 from results import exact_result, last_json  # test/gpu/results.py
 
 ROOT = os.path.abspath(sys.argv[1])
-CHECK = "--check" in sys.argv
+CHECK_LIBRARY = "--check-library" in sys.argv
+CHECK = "--check" in sys.argv or CHECK_LIBRARY
 RUNS = os.path.join(ROOT, "docs", "gpu-runs")
 PAGES = ["README.md", "docs/compatibility.md", "docs/performance.md", "docs/policies.md"]
 MiB = 2 ** 20
@@ -328,50 +334,20 @@ TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": framewor
           "vmm-others-before": lambda: vmm_others("2026-12-02-runO-results-vmmpolicy.json"), "vmm-calls": vmm_calls,
           "stacks": stacks,
           "min-capacity": min_capacity}
+CLAIMS = {}
 
-# ---- rewriting and checking ------------------------------------------------------------------------
-
-BLOCK = re.compile(r"(<!-- gpu:([a-z-]+):begin -->\n)(.*?)(<!-- gpu:\2:end -->)", re.S)
-# A measured number: a value with a unit of time, size, or a ratio or share.
-NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s?(ms|us|µs|ns|s\b|MiB|GiB|KiB|MB|GB|%|x\b|times\b)")
+# ---- rewriting and checking (docs_check.py) ------------------------------------------------------
 
 errors = []
 for page in PAGES:
     path = os.path.join(ROOT, page)
     text = open(path).read()
-
-    def fill(m):
-        name = m.group(2)
-        if name not in TABLES:
-            errors.append(f"{page}: unknown table {name}")
-            return m.group(0)
-        made = TABLES[name]() + "\n"
-        if CHECK and m.group(3) != made:
-            errors.append(f"{page}: table {name} is not what docs/gpu-runs says (run test/gpu/docs_tables.py ROOT)")
-        return m.group(1) + made + m.group(4)
-
-    new = BLOCK.sub(fill, text)
-    inside = " ".join(m.group(3) for m in BLOCK.finditer(new))
-    outside = BLOCK.sub("", new)
-    # Numbers in the options table and in code are not measurements.
-    outside = re.sub(r"<!-- options:begin -->.*?<!-- options:end -->", "", outside, flags=re.S)
-    outside = re.sub(r"```.*?```", "", outside, flags=re.S)
-    # Code spans hold names, options and commands, not measurements; a results file named in one
-    # stays visible to the paragraph.
-    outside = re.sub(r"`([^`]*)`", lambda m: m.group(1) if "docs/gpu-runs/" in m.group(1) else "", outside)
-    # A number outside the tables must be in one of them, or in a raw results file that its own
-    # paragraph names (docs/gpu-runs/FILE): quoted from the output, not typed in.
-    for para in re.split(r"\n\s*\n", outside):
-        named = ""
-        for f in re.findall(r"docs/gpu-runs/([\w.-]*\w)", para):  # not a sentence's full stop
-            if os.path.isfile(os.path.join(RUNS, f)):
-                named += open(os.path.join(RUNS, f), errors="replace").read()
-        for m in NUMBER.finditer(para):
-            if m.group(1) not in inside and m.group(1) not in named:
-                errors.append(f"{page}: '{m.group(0)}' is in no table of the page generated from docs/gpu-runs, "
-                              "nor in a results file its paragraph names")
+    new = docs_check.fill(text, page, TABLES, CLAIMS, CHECK, errors)
+    docs_check.check_prose(new, page, RUNS, CHECK_LIBRARY, errors)
     if not CHECK and new != text:
         open(path, "w").write(new)
+if CHECK_LIBRARY:
+    docs_check.check_library(ROOT, PAGES, RUNS, errors)
 
 # ---- docs/design.md ------------------------------------------------------------------------------
 
