@@ -26,6 +26,7 @@ import sys
 from decimal import Decimal
 
 import docs_check  # test/gpu/docs_check.py
+import docs_run  # test/gpu/docs_run.py
 from results import exact_result, last_json  # test/gpu/results.py
 
 ROOT = os.path.abspath(sys.argv[1])
@@ -70,15 +71,15 @@ def allocs(r):
 
 # ---- the tables --------------------------------------------------------------------------------
 
-def compat_suite():
-    d = load("2026-12-02-runZ4-compat.json")
+def compat_suite(name="2026-12-02-runZ4-compat.json"):
+    d = load(name)
     cells = {}
     for r in d["runs"]:
         cells.setdefault(r["program"], {})[r["config"]] = r["cell"]
     configs = [c for c in d["configs"] if not c.startswith("native")]
     rows = [[f"`{p}`", "ok" if all(c.get(n) == "ok" for n in ("native1", "native2")) else "FAIL"] +
             [c.get(x, "?") for x in configs] for p, c in cells.items()]
-    return source("2026-12-02-runZ4-compat.json", d["header"]) + f" Result: {d['result']}.\n\n" + table(
+    return source(name, d["header"]) + f" Result: {d['result']}.\n\n" + table(
         ["program", "without cupool (twice)"] + [c.replace("-", " ") for c in configs], rows)
 
 
@@ -87,8 +88,8 @@ def exact_and_step(run):
     return f"{exact_result(run['stdout'])}, {field(r'step=([0-9.]+) ms', run['stdout'])} ms"
 
 
-def frameworks():
-    a = load("2026-12-01-runA.json")
+def frameworks(name="2026-12-01-runA.json"):
+    a = load(name)
     r = by_name(a["runs"])
     rows = []
     for mode in ("default", "expandable", "cudaMallocAsync", "nocache"):
@@ -112,7 +113,7 @@ def frameworks():
             rows.append([f"`examples/workload.cpp`, {kind} runtime, {policy}",
                          f"{j.get('allocs')} allocs, data ok {j.get('data_ok')}",
                          f"{k.get('allocs')} allocs, data ok {k.get('data_ok')}", allocs(u)])
-    return source("2026-12-01-runA.json", a["header"]) + "\n\n" + table(
+    return source(name, a["header"]) + "\n\n" + table(
         ["program", "without cupool", "under cupool", "allocations in the trace"], rows)
 
 
@@ -335,6 +336,14 @@ TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": framewor
           "stacks": stacks,
           "min-capacity": min_capacity}
 CLAIMS = {}
+# The docs run's (run_all.sh --docs): min / median / max over alternating rounds (docs_run.py).
+DOCS_RUN, docs_tables, docs_claims = docs_run.make(RUNS)
+TABLES.update(docs_tables)
+CLAIMS.update(docs_claims)
+if DOCS_RUN.prefix:  # the tables the docs run measures again come from it
+    TABLES.update({"compat-suite": lambda: compat_suite(DOCS_RUN.name(1, "compat.json")),
+                   "frameworks": lambda: frameworks(DOCS_RUN.name(1, "results-compat-inflight-rounds-share.json"))}
+                  if 1 in DOCS_RUN.prefix else {})
 
 # ---- rewriting and checking (docs_check.py) ------------------------------------------------------
 
