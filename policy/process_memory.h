@@ -55,6 +55,18 @@ enum class OutsideAnswer : std::uint8_t {
   refused_by_share, // cupool refused it: the budget shared with other processes has no room
 };
 
+// Blocks whose free must wait: a vmm block shared over CUDA IPC stays the exporter's until the
+// last importer let go of it (shim/ipc_vmm.cpp). hold() answers for a free of `ptr`: true if it
+// took the free (*result: freed, or double_free; *size the block's bytes), false to let the pool
+// free it now.
+class FreeGate {
+ public:
+  virtual bool hold(ContextMemory& c, std::uint64_t ptr, std::size_t* size, FreeResult* result) = 0;
+
+ protected:
+  ~FreeGate() = default;
+};
+
 class ProcessMemory {
  public:
   static constexpr int kMaxContexts = 64;
@@ -98,10 +110,18 @@ class ProcessMemory {
   // A free of a block the pool of `c` handed out (with the free mode's wait). A double free
   // changes nothing, and is warned about (`api` names the call).
   FreeResult free(ContextMemory& c, std::uint64_t ptr, const char* api, std::size_t* size, PoolStats* state) {
-    const FreeResult r = c.pool->deallocate(ptr, size, state);
+    FreeResult r = FreeResult::not_owned;
+    if (FreeGate* gate = free_gate_.load(std::memory_order_acquire); gate && gate->hold(c, ptr, size, &r)) {
+      if (state) *state = c.pool->state();
+      if (r == FreeResult::double_free) warn_double_free(api);
+      return r;
+    }
+    r = c.pool->deallocate(ptr, size, state);
     if (r == FreeResult::double_free) warn_double_free(api);
     return r;
   }
+  // Set once, the first time a block is shared (nullptr: every free goes to its pool at once).
+  void set_free_gate(FreeGate* gate) { free_gate_.store(gate, std::memory_order_release); }
   // The class a refusal on `device` is reported as: with no limit set, the cap is the device's size,
   // so a refusal at the cap is of class device (as the pool's growth rule says, context_pool.cpp).
   OomClass refusal_class(OomClass pool_class, int device) const;
@@ -237,6 +257,7 @@ class ProcessMemory {
   bool warnings_ = true;
   std::unique_ptr<ChargingVmm> vmm_driver_;
   std::atomic<VmmCache*> vmm_cache_{nullptr};
+  std::atomic<FreeGate*> free_gate_{nullptr};
 
   // One slot per context that ever allocated; read without a lock on the hot path. A dropped
   // slot holds kDropped and may be reused; its record stays allocated.

@@ -1,6 +1,8 @@
 // DriverUpstream: the Upstream of a pool on a real device (driver_upstream.h).
 #include "driver_upstream.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "hook_table.h"
@@ -315,8 +317,46 @@ std::size_t DriverUpstream::vmm_granularity() {
     vmm_unsupported_ = true;
     return 0;
   }
+  // Exportable granules (CUDA IPC of vmm blocks) where the device offers file descriptors. The
+  // granularity was asked without a handle type; the driver gives the same for both.
+  int fd_ok = 0;
+  if (auto attr = driver().device_get_attribute;
+      attr && CUPOOL_REAL(cuMemExportToShareableHandle) && driver().mem_import_from_shareable_handle &&
+      attr(&fd_ok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, device_) == CUDA_SUCCESS)
+    fd_handles_.store(fd_ok != 0, std::memory_order_relaxed);
   granularity_.store(g, std::memory_order_release);
   return g;
+}
+
+bool DriverUpstream::shareable() { return vmm_granularity() != 0 && fd_handles_.load(std::memory_order_relaxed); }
+
+CUresult DriverUpstream::export_granules(std::uint64_t first_va, std::size_t count, std::vector<int>* fds) {
+  if (detached_) return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+  const std::size_t g = vmm_granularity();
+  std::vector<CUmemGenericAllocationHandle> handles;
+  handles.reserve(count);
+  {
+    std::lock_guard lock(vmm_mutex_);
+    for (std::size_t i = 0; i < count; ++i) {
+      auto it = granule_handles_.find(first_va + i * g);
+      if (it == granule_handles_.end()) return CUDA_ERROR_INVALID_VALUE;
+      handles.push_back(it->second);
+    }
+  }
+  ContextScope scope(ctx_);  // the socket server's thread has no context of its own
+  auto exporter = CUPOOL_REAL(cuMemExportToShareableHandle);
+  CUresult rc = exporter ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
+  const std::size_t before = fds->size();
+  for (std::size_t i = 0; i < handles.size() && rc == CUDA_SUCCESS; ++i) {
+    int fd = -1;
+    rc = exporter(&fd, handles[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (rc == CUDA_SUCCESS) fds->push_back(fd);
+  }
+  if (rc != CUDA_SUCCESS) {
+    for (std::size_t i = before; i < fds->size(); ++i) ::close((*fds)[i]);
+    fds->resize(before);
+  }
+  return rc;
 }
 
 UpstreamStatus DriverUpstream::reserve_address(std::size_t bytes, std::uint64_t* va) {
@@ -362,6 +402,22 @@ void DriverUpstream::release_virtual_memory() {
   for (const auto& [va, bytes] : ranges) CUPOOL_REAL(cuMemAddressFree)(static_cast<CUdeviceptr>(va), bytes);
 }
 
+// Asks for an exportable granule where the device offers one; a driver that refuses the handle
+// type (where the attribute promised it) is not asked again, and IPC of this pool's blocks is
+// then refused as before.
+CUresult DriverUpstream::create_granule(CUmemGenericAllocationHandle* h, std::size_t g, CUmemAllocationProp prop) {
+  if (fd_handles_.load(std::memory_order_relaxed)) {
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    const CUresult rc = CUPOOL_REAL(cuMemCreate)(h, g, &prop, 0);
+    if (rc != CUDA_ERROR_INVALID_VALUE && rc != CUDA_ERROR_NOT_SUPPORTED) return rc;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+    const CUresult plain = CUPOOL_REAL(cuMemCreate)(h, g, &prop, 0);
+    if (plain == CUDA_SUCCESS) fd_handles_.store(false, std::memory_order_relaxed);
+    return plain;
+  }
+  return CUPOOL_REAL(cuMemCreate)(h, g, &prop, 0);
+}
+
 UpstreamStatus DriverUpstream::map(std::uint64_t va, std::size_t bytes, int* driver_code) {
   *driver_code = 0;
   if (detached_) return UpstreamStatus::error;
@@ -384,7 +440,7 @@ UpstreamStatus DriverUpstream::map(std::uint64_t va, std::size_t bytes, int* dri
   CUresult rc = CUDA_SUCCESS;
   for (std::uint64_t at = va; at < va + bytes; at += g) {
     CUmemGenericAllocationHandle h = 0;
-    rc = CUPOOL_REAL(cuMemCreate)(&h, g, &prop, 0);
+    rc = create_granule(&h, g, prop);
     if (rc != CUDA_SUCCESS) break;
     rc = CUPOOL_REAL(cuMemMap)(static_cast<CUdeviceptr>(at), g, 0, h, 0);
     if (rc != CUDA_SUCCESS) {

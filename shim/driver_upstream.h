@@ -39,6 +39,14 @@ class DriverUpstream final : public Upstream {
   UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override;
   void unmap(std::uint64_t va, std::size_t bytes) override;
 
+  // CUDA IPC (shim/ipc_vmm.cpp): are granules made exportable as POSIX file descriptors (the
+  // device says so and cuMemCreate took the handle type)? Known after the first map.
+  bool shareable();
+  // File descriptors for the `count` granules from `first_va` (each a new descriptor the caller
+  // closes). Fails (nothing left open) if one is not mapped or cannot be exported.
+  CUresult export_granules(std::uint64_t first_va, std::size_t count, std::vector<int>* fds);
+  CUdevice device() const { return device_; }
+
   // The context is about to go (reset or destroy): the driver frees its cuMemAlloc memory with
   // it but not cuMemCreate memory, so the vmm policy's granules and virtual range are given back
   // here, once the device has finished with them. Call before detach().
@@ -74,6 +82,7 @@ class DriverUpstream final : public Upstream {
   void prune_tombstones_locked();  // drops those whose work is done
   CUevent take_event_locked();
   void wait_uncaptured();
+  CUresult create_granule(CUmemGenericAllocationHandle* h, std::size_t g, CUmemAllocationProp prop);
   CUcontext ctx_;
   CUdevice device_;
   std::atomic<bool> detached_{false};
@@ -97,6 +106,9 @@ class DriverUpstream final : public Upstream {
   bool vmm_released_ = false;    // release_virtual_memory ran: a map finishing later gives its handles back
   std::atomic<std::size_t> granularity_{0};  // 0: not asked yet
   bool vmm_unsupported_ = false;             // the driver has no VMM (under vmm_mutex_)
+  // Granules are asked for with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: set with the
+  // granularity from the device's attribute, cleared for good if cuMemCreate refuses the type.
+  std::atomic<bool> fd_handles_{false};
 };
 
 }  // namespace cupool::shim

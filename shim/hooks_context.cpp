@@ -12,6 +12,7 @@
 #include "hook_table.h"
 #include "hooks_internal.h"
 #include "ipc_handle.h"
+#include "ipc_vmm.h"
 #include "log.h"
 #include "shim_state.h"
 #include "thread_id.h"
@@ -89,7 +90,7 @@ ipc::ImportedBlocks& imported() {
 }
 
 bool imported_block_range(std::uint64_t ptr, std::uint64_t* start, std::uint64_t* size) {
-  return !imported().empty() && imported().range(ptr, start, size);
+  return (!imported().empty() && imported().range(ptr, start, size)) || ipc_vmm::range(ptr, start, size);
 }
 }  // namespace
 
@@ -177,16 +178,26 @@ bool pool_block_place(std::uint64_t ptr, ipc::BlockPlace* place) {
 }
 
 // A block of the vmm policy lies in one virtual range mapped granule by granule: the driver's
-// IPC handles do not cover such memory, and no handle of the driver's names the block. Refused,
-// with one line saying why, before the driver is asked (it could answer for another mapping).
-bool vmm_block(std::uint64_t ptr, const char* api) {
+// IPC handles do not cover such memory, so cupool writes a handle of its own and serves the
+// granules to the importer (shim/ipc_vmm.h). The pool whose vmm block holds `ptr`, else nullptr.
+ContextMemory* vmm_pool_of(std::uint64_t ptr) {
   ContextMemory* cp = pool_owning(ptr);
-  if (cp == nullptr || !cp->pool->virtual_memory()) return false;
-  log_warn(fmt::format("{}: cannot share a block of the vmm policy (CUPOOL_POLICY=vmm) over CUDA IPC: the driver's "
-                       "IPC handles do not cover virtual-memory mappings. Run processes that share memory over "
-                       "CUDA IPC under CUPOOL_POLICY=growth or passthrough.",
-                       api));
-  return true;
+  return cp != nullptr && cp->pool->virtual_memory() ? cp : nullptr;
+}
+
+// The runtime's code for an error of the vmm IPC path (the driver's, or cupool's own refusals).
+cudaError_t runtime_code(CUresult rc) {
+  switch (rc) {
+    case CUDA_SUCCESS: return cudaSuccess;
+    case CUDA_ERROR_INVALID_VALUE: return cudaErrorInvalidValue;
+    case CUDA_ERROR_INVALID_HANDLE: return cudaErrorInvalidResourceHandle;
+    case CUDA_ERROR_MAP_FAILED: return cudaErrorMapBufferObjectFailed;
+    case CUDA_ERROR_OUT_OF_MEMORY: return cudaErrorMemoryAllocation;
+    case CUDA_ERROR_INVALID_CONTEXT: return cudaErrorDeviceUninitialized;
+    case CUDA_ERROR_OPERATING_SYSTEM: return cudaErrorOperatingSystem;
+    case CUDA_ERROR_NOT_SUPPORTED: return cudaErrorNotSupported;
+    default: return cudaErrorUnknown;
+  }
 }
 
 // After the driver made the handle of a pool block's chunk. False if the place cannot be written:
@@ -226,6 +237,13 @@ bool chunk_holds(std::uint64_t base, const ipc::BlockPlace& place) {
 template <typename Result, typename Ptr, typename Handle>
 Result open_handle(Result (*open)(Ptr*, Handle, unsigned), Result (*close)(Ptr), Ptr* out, const Handle& handle,
                    unsigned flags) {
+  if (ipc::VmmHandle vh; ipc::decode_vmm(reinterpret_cast<const unsigned char*>(handle.reserved), &vh)) {
+    std::uint64_t p = 0;
+    const CUresult rc = ipc_vmm::open(vh, &p);
+    if (rc == CUDA_SUCCESS) *out = pointer<Ptr>(p);
+    if constexpr (std::is_same_v<Result, CUresult>) return rc;
+    else return runtime_code(rc);
+  }
   Handle restored = handle;
   ipc::BlockPlace place;
   if (!ipc::decode(reinterpret_cast<unsigned char*>(restored.reserved), &place)) return open(out, handle, flags);
@@ -250,6 +268,10 @@ Result open_handle(Result (*open)(Ptr*, Handle, unsigned), Result (*close)(Ptr),
 // above, its chunk's mapping.
 template <typename Result, typename Ptr>
 Result close_handle(Result (*close)(Ptr), Ptr ptr) {
+  if (CUresult rc = CUDA_SUCCESS; ipc_vmm::close(address(ptr), &rc)) {
+    if constexpr (std::is_same_v<Result, CUresult>) return rc;
+    else return runtime_code(rc);
+  }
   std::uint64_t base = 0;
   if (!imported().chunk_of(address(ptr), &base)) return close(ptr);
   const Result rc = close(pointer<Ptr>(base));
@@ -264,9 +286,10 @@ cudaError_t cudaIpcGetMemHandle(Path, cudaIpcMemHandle_t* handle, void* devPtr) 
   if (!real) return cudaErrorInitializationError;
   if (!scope.outermost()) return real(handle, devPtr);
   initialize();
-  if (vmm_block(reinterpret_cast<std::uintptr_t>(devPtr), "cudaIpcGetMemHandle")) {
-    if (handle) std::memset(handle, 0, sizeof(*handle));
-    return cudaErrorInvalidValue;
+  if (ContextMemory* cp = vmm_pool_of(reinterpret_cast<std::uintptr_t>(devPtr))) {
+    if (handle == nullptr) return cudaErrorInvalidValue;
+    return runtime_code(ipc_vmm::export_block(*cp, reinterpret_cast<std::uintptr_t>(devPtr),
+                                              reinterpret_cast<unsigned char*>(handle->reserved), "cudaIpcGetMemHandle"));
   }
   ipc::BlockPlace place;
   const bool block = pool_block_place(reinterpret_cast<std::uintptr_t>(devPtr), &place);
@@ -283,9 +306,9 @@ CUresult cuIpcGetMemHandle(Path, CUipcMemHandle* handle, CUdeviceptr dptr) {
   if (!real) return CUDA_ERROR_NOT_INITIALIZED;
   if (!scope.outermost()) return real(handle, dptr);
   initialize();
-  if (vmm_block(dptr, "cuIpcGetMemHandle")) {
-    if (handle) std::memset(handle, 0, sizeof(*handle));
-    return CUDA_ERROR_INVALID_VALUE;
+  if (ContextMemory* cp = vmm_pool_of(dptr)) {
+    if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    return ipc_vmm::export_block(*cp, dptr, reinterpret_cast<unsigned char*>(handle->reserved), "cuIpcGetMemHandle");
   }
   ipc::BlockPlace place;
   const bool block = pool_block_place(dptr, &place);
@@ -302,6 +325,9 @@ cudaError_t cudaIpcOpenMemHandle(Path, void** devPtr, cudaIpcMemHandle_t handle,
   if (!real) return cudaErrorInitializationError;
   if (!scope.outermost() || devPtr == nullptr) return real(devPtr, handle, flags);
   initialize();
+  // The runtime makes its context current on its first call; cupool's own open of a vmm block
+  // needs it before that.
+  if (auto rt_free = CUPOOL_REAL(cudaFree)) rt_free(nullptr);
   return open_handle(real, CUPOOL_REAL(cudaIpcCloseMemHandle), devPtr, handle, flags);
 }
 

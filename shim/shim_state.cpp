@@ -17,6 +17,7 @@
 
 #include "event_clock.h"
 #include "hook_table.h"
+#include "ipc_vmm.h"
 #include "log.h"
 #include "options.h"
 #include "process_memory.h"
@@ -284,6 +285,7 @@ std::function<void(ContextMemory&)> dropping(const char* api) {
     // cuMemCreate memory outlives its context: what cupool holds of it goes back first (the VMM
     // cache's kept mappings, the vmm policy's granules), or the device loses it for good.
     g_memory->vmm_evict(&cp);
+    ipc_vmm::context_dropped(cp);  // importers keep their own handles to what it shared
     driver_upstream(cp).release_virtual_memory();
     driver_upstream(cp).detach();
     drop_graph_memory(cp);

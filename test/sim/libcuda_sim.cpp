@@ -2312,7 +2312,10 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
         return CUDA_ERROR_INVALID_VALUE;
     if (check_dev(prop->location.id) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
     if (injected_failure()) return CUDA_ERROR_OUT_OF_MEMORY;
-    int fd = static_cast<int>(syscall(SYS_memfd_create, "cupool-sim-phys", 1u));
+    // The device in the name: an importing process reads it back (cuMemImportFromShareableHandle).
+    char name[48];
+    std::snprintf(name, sizeof name, "cupool-sim-phys-dev%d", prop->location.id);
+    int fd = static_cast<int>(syscall(SYS_memfd_create, name, 1u));
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
         close(fd);
@@ -2491,6 +2494,8 @@ CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocat
     std::lock_guard<std::mutex> lk(g_mu);
     auto it = g_st->phys.find(handle);
     if (it == g_st->phys.end()) return CUDA_ERROR_INVALID_VALUE;
+    // As the driver: only memory created asking for that handle type can be exported.
+    if (!(it->second.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) return CUDA_ERROR_INVALID_VALUE;
     int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
     *static_cast<int*>(shareableHandle) = fd;
@@ -2508,16 +2513,26 @@ CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, vo
     if (fstat(src, &st) != 0 || st.st_size <= 0) return CUDA_ERROR_INVALID_VALUE;
     int fd = fcntl(src, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) return CUDA_ERROR_INVALID_VALUE;
+    // The exporter's device, from the memory's name (cuMemCreate writes it there); 0 if absent.
+    int dev = 0;
+    char link[64], target[256];
+    std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    const ssize_t n = readlink(link, target, sizeof target - 1);
+    if (n > 0) {
+        target[n] = 0;
+        if (const char* d = std::strstr(target, "-dev")) dev = std::atoi(d + 4);
+    }
+    if (check_dev(dev) != CUDA_SUCCESS) dev = 0;
     CUmemAllocationProp prop{};
     prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = 0;
+    prop.location.id = dev;
     prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     std::lock_guard<std::mutex> lk(g_mu);
     Phys ph;
     ph.fd = fd;
     ph.size = static_cast<size_t>(st.st_size);
-    ph.dev = 0;
+    ph.dev = dev;
     ph.prop = prop;
     ph.charged = false;  // imported memory belongs to the exporter
     CUmemGenericAllocationHandle h = g_st->next_handle++;

@@ -4,7 +4,8 @@
 // chunk's start: it checks the contents and the range the driver reports, writes into the second
 // block, and opens one handle twice. The parent then checks that the write landed in the second
 // block and nowhere else. A child without cupool must be refused the inner block's handle (the
-// driver would open the chunk's start) and still open the first block's.
+// driver would open the chunk's start) and still open the first block's; under the vmm policy
+// (cupool's own handles, shim/ipc_vmm.h) it must be refused both.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <unistd.h>
@@ -66,8 +67,13 @@ int importer(const char* hex_a, const char* hex_b) {
 }
 
 // Without cupool: the first block starts its chunk and opens; the inner one must be refused.
-int plain_importer(const char* hex_a, const char* hex_b, bool expect_refusal) {
+int plain_importer(const char* hex_a, const char* hex_b, bool expect_refusal, bool refuse_both) {
     void *a = nullptr, *b = nullptr;
+    if (refuse_both) {
+        EXPECT(cudaIpcOpenMemHandle(&a, from_hex(hex_a), cudaIpcMemLazyEnablePeerAccess) != cudaSuccess);
+        EXPECT(cudaIpcOpenMemHandle(&b, from_hex(hex_b), cudaIpcMemLazyEnablePeerAccess) != cudaSuccess);
+        return prog::failures() == 0 ? 0 : 1;
+    }
     RT(cudaIpcOpenMemHandle(&a, from_hex(hex_a), cudaIpcMemLazyEnablePeerAccess));
     EXPECT(all_bytes(a, kBytes, 0x11));
     const cudaError_t rb = cudaIpcOpenMemHandle(&b, from_hex(hex_b), cudaIpcMemLazyEnablePeerAccess);
@@ -94,7 +100,8 @@ int run_child(const std::vector<std::string>& args, bool without_cupool) {
 int main(int argc, char** argv) {
     if (argc == 4 && std::strcmp(argv[1], "--import") == 0) return importer(argv[2], argv[3]);
     if (argc == 5 && std::strcmp(argv[1], "--import-plain") == 0)
-        return plain_importer(argv[2], argv[3], std::strcmp(argv[4], "refused") == 0);
+        return plain_importer(argv[2], argv[3], std::strncmp(argv[4], "refused", 7) == 0,
+                              std::strcmp(argv[4], "refused-both") == 0);
 
     const char* policy = std::getenv("CUPOOL_POLICY");
     const bool preloaded = std::getenv("LD_PRELOAD") && std::strstr(std::getenv("LD_PRELOAD"), "cupool");
@@ -123,24 +130,6 @@ int main(int argc, char** argv) {
         return prog::finish(prog::Json().num("allocs", 2).num("frees", 2).num("bytes", 2 * kBytes)
                                 .boolean("refused_without_room", r == cudaErrorNotSupported));
     }
-    if (policy && std::strcmp(policy, "vmm") == 0 && pooled) {
-        // A block of the vmm policy: the driver's IPC handles do not cover virtual-memory
-        // mappings, so it is refused (an invalid value, the handle cleared), in both APIs.
-        cudaIpcMemHandle_t h;
-        std::memset(&h, 0x5a, sizeof h);
-        const cudaError_t r = cudaIpcGetMemHandle(&h, b);
-        EXPECT(r == cudaErrorInvalidValue);
-        cudaGetLastError();
-        const cudaIpcMemHandle_t zero{};
-        EXPECT(std::memcmp(&h, &zero, sizeof h) == 0);
-        CUipcMemHandle hd;
-        const CUresult rd = cuIpcGetMemHandle(&hd, reinterpret_cast<CUdeviceptr>(a));
-        EXPECT(rd == CUDA_ERROR_INVALID_VALUE);
-        RT(cudaFree(a));
-        RT(cudaFree(b));
-        return prog::finish(prog::Json().num("allocs", 2).num("frees", 2).num("bytes", 2 * kBytes)
-                                .boolean("refused_vmm", r == cudaErrorInvalidValue && rd == CUDA_ERROR_INVALID_VALUE));
-    }
     cudaIpcMemHandle_t ha, hb, hb_inside;
     RT(cudaIpcGetMemHandle(&ha, a));
     RT(cudaIpcGetMemHandle(&hb, b));
@@ -159,7 +148,10 @@ int main(int argc, char** argv) {
     EXPECT(all_bytes(static_cast<char*>(b) + 4096, kBytes - 4096, 0x22));
     EXPECT(all_bytes(a, kBytes, 0x11));             // and not at the chunk's start
     // Under a pool, b lies inside a's chunk.
-    const int plain = run_child({"prog_ipc", "--import-plain", to_hex(ha), to_hex(hb), pooled ? "refused" : "opened"}, true);
+    // Under vmm, every block's handle is cupool's own: a process without cupool opens neither.
+    const bool vmm = pooled && policy && std::strcmp(policy, "vmm") == 0;
+    const int plain = run_child({"prog_ipc", "--import-plain", to_hex(ha), to_hex(hb),
+                                 vmm ? "refused-both" : pooled ? "refused" : "opened"}, true);
     EXPECT(plain == 0);
 
     RT(cudaFree(a));

@@ -118,6 +118,7 @@ int main() {
     g_prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     g_prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     g_prop.location.id = 0;
+    g_prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;  // one buffer is exported
     g_access.location = g_prop.location;
     g_access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     size_t g = 0;
