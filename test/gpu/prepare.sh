@@ -37,6 +37,7 @@ nvcc -O2 $arch -cudart shared -o "$carry/bin/inflight" test/gpu/inflight.cu
 nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_alloc" test/gpu/bench_alloc.cu
 nvcc -O2 $arch -cudart shared -o "$carry/bin/peer_check" test/gpu/peer_check.cu -lcuda
 nvcc -O2 $arch -cudart shared -o "$carry/bin/bench_vmm_calls" test/gpu/bench_vmm_calls.cu -lcuda
+nvcc -O2 $arch -cudart shared -o "$carry/bin/clock_probe" test/gpu/clock_probe.cu -lcuda
 nvcc -O2 $arch -cudart shared -o "$carry/bin/simple_ipc" test/gpu/simple_ipc.cu -lcuda
 nvcc -O2 $arch -cudart shared -o "$carry/bin/prog_share" -x cu test/integration/programs/prog_share.cpp
 # Issue 25's simulated-CUDA programs, against the real libcuda (the toolkit's link stub) and NVML
