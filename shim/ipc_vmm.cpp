@@ -100,8 +100,27 @@ class Exporter final : public FreeGate {
   std::uint64_t nonce = 0;
   bool started = false;        // the server runs in this process
   std::atomic<int> listen_fd{-1};
+  // Exports per bucket of block addresses: every free in the process asks the gate, and most
+  // ask nothing more than this (one load, no lock).
+  static constexpr std::size_t kBuckets = 1024;
+  std::atomic<std::uint32_t> buckets[kBuckets] = {};
+  static std::size_t bucket(std::uint64_t ptr) { return static_cast<std::size_t>((ptr >> 9) * 0x9E3779B97F4A7C15ull >> 54); }
+
+  void add_locked(std::uint64_t id, const Export& e) {
+    by_id[id] = e;
+    id_by_ptr[e.ptr] = id;
+    buckets[bucket(e.ptr)].fetch_add(1, std::memory_order_release);
+  }
+  void erase_locked(std::uint64_t id) {
+    auto it = by_id.find(id);
+    if (it == by_id.end()) return;
+    if (auto at = id_by_ptr.find(it->second.ptr); at != id_by_ptr.end() && at->second == id) id_by_ptr.erase(at);
+    buckets[bucket(it->second.ptr)].fetch_sub(1, std::memory_order_release);
+    by_id.erase(it);
+  }
 
   bool hold(ContextMemory& c, std::uint64_t ptr, std::size_t* size, FreeResult* result) override {
+    if (buckets[bucket(ptr)].load(std::memory_order_acquire) == 0) return false;
     std::lock_guard g(mu);
     auto at = id_by_ptr.find(ptr);
     if (at == id_by_ptr.end()) return false;
@@ -113,8 +132,7 @@ class Exporter final : public FreeGate {
       return true;
     }
     if (e.imports == 0) {  // nobody maps it: the pool takes it now; later opens are refused
-      by_id.erase(at->second);
-      id_by_ptr.erase(at);
+      erase_locked(at->second);
       return false;
     }
     e.freed = true;
@@ -136,8 +154,7 @@ class Exporter final : public FreeGate {
     if (--e.imports > 0 || !e.freed) return;
     ContextMemory* cp = e.cp;
     const std::uint64_t ptr = e.ptr;
-    id_by_ptr.erase(ptr);
-    by_id.erase(it);
+    erase_locked(id);
     // The pool's own free (not ProcessMemory's: its gate is this, and mu is held).
     cp->pool->deallocate(ptr);
     if (log_debug_enabled()) log_debug(fmt::format("IPC: the last importer let go; the vmm block at 0x{:x} is free", ptr));
@@ -378,7 +395,7 @@ CUresult export_block(ContextMemory& cp, std::uint64_t ptr, unsigned char* handl
     if (at != ex.id_by_ptr.end() && ex.by_id[at->second].size == bytes && ex.by_id[at->second].cp == &cp) {
       h.export_id = at->second;  // shared before: the same export
     } else {
-      if (at != ex.id_by_ptr.end()) ex.by_id.erase(at->second);
+      if (at != ex.id_by_ptr.end()) ex.erase_locked(at->second);  // a stale record (another pool's)
       Export e;
       e.ptr = base;
       e.size = bytes;
@@ -387,8 +404,7 @@ CUresult export_block(ContextMemory& cp, std::uint64_t ptr, unsigned char* handl
       e.count = (h.offset + bytes + g - 1) / g;
       e.cp = &cp;
       h.export_id = ex.next_id++;
-      ex.by_id[h.export_id] = e;
-      ex.id_by_ptr[base] = h.export_id;
+      ex.add_locked(h.export_id, e);
     }
     h.pid = ex.pid;
     h.nonce = ex.nonce;
@@ -567,14 +583,10 @@ bool range(std::uint64_t ptr, std::uint64_t* start, std::uint64_t* size) {
 void context_dropped(ContextMemory& cp) {
   Exporter& ex = *g_exporter;
   std::lock_guard lock(ex.mu);
-  for (auto it = ex.by_id.begin(); it != ex.by_id.end();) {
-    if (it->second.cp != &cp) {
-      ++it;
-      continue;
-    }
-    ex.id_by_ptr.erase(it->second.ptr);
-    it = ex.by_id.erase(it);
-  }
+  std::vector<std::uint64_t> gone;
+  for (const auto& [id, e] : ex.by_id)
+    if (e.cp == &cp) gone.push_back(id);
+  for (std::uint64_t id : gone) ex.erase_locked(id);
 }
 
 }  // namespace cupool::shim::ipc_vmm

@@ -74,3 +74,65 @@ TEST_CASE("ipc: imported blocks answer range queries and close their chunk once 
   blocks.closed(0x10000);
   CHECK(blocks.empty());
 }
+
+// ---- vmm blocks' handles (policy/ipc_vmm_handle.h) ---------------------------------------------
+
+#include "ipc_vmm_handle.h"
+
+TEST_CASE("ipc vmm: a handle round-trips, and nothing else reads as one", "[ipc]") {
+  VmmHandle v;
+  v.pid = 4242;
+  v.nonce = 0x0123456789abcdefull;
+  v.export_id = 7;
+  v.offset = 1 << 20;
+  v.size = 3ull << 30;
+  v.device = 3;
+  std::array<unsigned char, kHandleBytes> h;
+  h.fill(0x77);
+  encode_vmm(h.data(), v);
+  // A process without cupool must be refused: byte 48 holds the value the H200's driver refuses,
+  // and bytes 56..63 stay zero so the growth policy's place decoder does not take it for one.
+  CHECK(h[48] == 0x4E);
+  for (std::size_t i = 56; i < 64; ++i) CHECK(h[i] == 0);
+  BlockPlace place;
+  auto copy = h;
+  CHECK_FALSE(decode(copy.data(), &place));
+  VmmHandle got;
+  REQUIRE(decode_vmm(h.data(), &got));
+  CHECK(got.pid == v.pid);
+  CHECK(got.nonce == v.nonce);
+  CHECK(got.export_id == v.export_id);
+  CHECK(got.offset == v.offset);
+  CHECK(got.size == v.size);
+  CHECK(got.device == v.device);
+  // Any changed byte is refused (the checksum, the magic, the version, the marker, the tail).
+  for (std::size_t i = 0; i < kHandleBytes; ++i) {
+    auto bad = h;
+    bad[i] ^= 0x01;
+    CHECK_FALSE(decode_vmm(bad.data(), &got));
+  }
+  // A driver's handle and a growth block's handle are not vmm handles.
+  CHECK_FALSE(decode_vmm(driver_handle().data(), &got));
+  auto growth = driver_handle();
+  REQUIRE(encode(growth.data(), BlockPlace{1 << 20, 1 << 20}) == EncodeResult::written);
+  CHECK_FALSE(decode_vmm(growth.data(), &got));
+  std::array<unsigned char, kHandleBytes> zero{};
+  CHECK_FALSE(decode_vmm(zero.data(), &got));
+}
+
+TEST_CASE("ipc vmm: the socket's name and the checks on what an exporter sends", "[ipc]") {
+  CHECK(vmm_socket_name(12, 0xabcull) == "cupool-ipc-12-0000000000000abc");
+  CHECK(vmm_socket_name(12, 1) != vmm_socket_name(12, 2));  // a recycled pid has another nonce
+  const std::uint64_t g = 2 << 20;
+  CHECK(vmm_layout_sane(g, 1, 0, g));
+  CHECK(vmm_layout_sane(g, 2, g / 2, g));
+  CHECK(vmm_layout_sane(g, 1, g - 512, 512));
+  CHECK_FALSE(vmm_layout_sane(g, 1, g / 2, g));        // too few granules
+  CHECK_FALSE(vmm_layout_sane(g, 3, g / 2, g));        // too many
+  CHECK_FALSE(vmm_layout_sane(g, 1, g, 512));          // the offset past the first granule
+  CHECK_FALSE(vmm_layout_sane(g, 0, 0, 0));            // nothing
+  CHECK_FALSE(vmm_layout_sane(3 << 20, 1, 0, 4096));   // not a power of two
+  CHECK_FALSE(vmm_layout_sane(1024, 1, 0, 512));       // below 4 KiB
+  CHECK_FALSE(vmm_layout_sane(g, 1000000000, 0, 1000000000 * g));  // past 1 TiB
+  CHECK_FALSE(vmm_layout_sane(g, ~0ull, 0, ~0ull));    // sizes that would overflow
+}
