@@ -86,6 +86,9 @@ DECL(cuMemAddressFree, CUdeviceptr, size_t)
 DECL(cuMemMap, CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long)
 DECL(cuMemUnmap, CUdeviceptr, size_t)
 DECL(cuMemSetAccess, CUdeviceptr, size_t, const CUmemAccessDesc*, size_t)
+DECL(cuMemExportToShareableHandle, void*, CUmemGenericAllocationHandle, CUmemAllocationHandleType, unsigned long long)
+DECL(cuMemImportFromShareableHandle, CUmemGenericAllocationHandle*, void*, CUmemAllocationHandleType)
+DECL(cuMemGetAllocationPropertiesFromHandle, CUmemAllocationProp*, CUmemGenericAllocationHandle)
 DECL(cuIpcGetMemHandle, CUipcMemHandle*, CUdeviceptr)
 DECL(cuIpcOpenMemHandle_v2, CUdeviceptr*, CUipcMemHandle, unsigned)
 DECL(cuIpcCloseMemHandle, CUdeviceptr)
@@ -151,6 +154,7 @@ void load_all() {
     L(cuEventCreate) L(cuEventRecord) L(cuEventQuery) L(cuEventSynchronize) L(cuEventElapsedTime_v2)
     L(cuEventDestroy_v2) L(cuMemcpyHtoD_v2) L(cuMemcpyDtoH_v2) L(cuMemGetAllocationGranularity) L(cuMemCreate)
     L(cuMemRelease) L(cuMemAddressReserve) L(cuMemAddressFree) L(cuMemMap) L(cuMemUnmap) L(cuMemSetAccess)
+    L(cuMemExportToShareableHandle) L(cuMemImportFromShareableHandle) L(cuMemGetAllocationPropertiesFromHandle)
     L(cuIpcGetMemHandle) L(cuIpcOpenMemHandle_v2) L(cuIpcCloseMemHandle) L(cuGetProcAddress_v2) L(cuGetProcAddress)
     L(cuMemHostAlloc) L(cuMemFreeHost) L(cuMemAllocAsync_ptsz) L(cuLaunchHostFunc_ptsz) L(cuStreamSynchronize_ptsz)
     L(cuMemAllocPitch_v2) L(cuMemAllocManaged) L(cuMemsetD8_v2) L(cuMemsetD8Async) L(cuMemcpyHtoDAsync_v2)
@@ -447,6 +451,49 @@ void test_vmm() {
     CHECK(free_mem() == f0);
     OK(p_cuMemAddressFree(va, 2 * g));
     OK(p_cuMemAddressFree(alias, g));
+}
+
+// Shareable handles, as the driver: only memory created asking for the POSIX fd type exports;
+// an imported handle names the exporter's device and keeps the memory after the exporter's release
+// (what cupool's IPC of vmm blocks relies on, shim/ipc_vmm.cpp).
+void test_vmm_shareable() {
+    CUmemAllocationProp prop{};
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = 1;
+    const size_t g = 2u << 20;
+    CUmemGenericAllocationHandle plain = 0, shared = 0, imported = 0;
+    OK(p_cuMemCreate(&plain, g, &prop, 0));
+    int fd = -1;
+    CHECK(p_cuMemExportToShareableHandle(&fd, plain, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) == CUDA_ERROR_INVALID_VALUE);
+    OK(p_cuMemRelease(plain));
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    OK(p_cuMemCreate(&shared, g, &prop, 0));
+    CUdeviceptr va = 0, va2 = 0;
+    OK(p_cuMemAddressReserve(&va, g, 0, 0, 0));
+    OK(p_cuMemMap(va, g, 0, shared, 0));
+    CUmemAccessDesc acc{};
+    acc.location = prop.location;
+    acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    OK(p_cuMemSetAccess(va, g, &acc, 1));
+    reinterpret_cast<unsigned*>(va)[7] = 0xfeedu;
+    OK(p_cuMemExportToShareableHandle(&fd, shared, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+    OK(p_cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+    close(fd);
+    CUmemAllocationProp got{};
+    OK(p_cuMemGetAllocationPropertiesFromHandle(&got, imported));
+    CHECK(got.location.id == 1);
+    OK(p_cuMemUnmap(va, g));  // the exporter lets go of all it had
+    OK(p_cuMemRelease(shared));
+    OK(p_cuMemAddressFree(va, g));
+    OK(p_cuMemAddressReserve(&va2, g, 0, 0, 0));
+    OK(p_cuMemMap(va2, g, 0, imported, 0));
+    OK(p_cuMemSetAccess(va2, g, &acc, 1));
+    CHECK(reinterpret_cast<unsigned*>(va2)[7] == 0xfeedu);
+    OK(p_cuMemUnmap(va2, g));
+    OK(p_cuMemRelease(imported));
+    OK(p_cuMemAddressFree(va2, g));
 }
 
 void test_contexts() {
@@ -1493,6 +1540,7 @@ int main(int argc, char** argv) {
     test_per_thread_stream();
     test_oom_and_info();
     test_vmm();
+    test_vmm_shareable();
     test_contexts();
     test_ipc_and_fork();
     test_runtime();
