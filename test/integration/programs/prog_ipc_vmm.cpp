@@ -7,6 +7,7 @@
 // exporter child that exits before the open (a clean error) and one that exits after it (the
 // memory stays valid), a process without cupool (a clean error), and hostile servers under the
 // parent's own pid (silent, garbage, a reply without descriptors): errors within the timeout.
+// The importer runs under a cap below one granule: what it imports is not charged to it.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/socket.h>
@@ -76,7 +77,7 @@ struct Child {
     }
 };
 
-Child spawn(const std::vector<std::string>& args, bool without_cupool = false) {
+Child spawn(const std::vector<std::string>& args, const char* limit = nullptr) {
     int in[2], out[2];
     if (pipe(in) != 0 || pipe(out) != 0) std::abort();
     Child c;
@@ -85,7 +86,7 @@ Child spawn(const std::vector<std::string>& args, bool without_cupool = false) {
         dup2(in[0], 0);
         dup2(out[1], 1);
         close(in[0]), close(in[1]), close(out[0]), close(out[1]);
-        if (without_cupool) unsetenv("LD_PRELOAD");
+        if (limit) setenv("CUPOOL_LIMIT", limit, 1);
         std::vector<char*> argv;
         for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
         argv.push_back(nullptr);
@@ -139,6 +140,9 @@ int importer() {
             size_t size = 0;
             const CUresult r = cuMemGetAddressRange(&base, &size, reinterpret_cast<CUdeviceptr>(opened[idx]) + 4096);
             reply = r == CUDA_SUCCESS && base == reinterpret_cast<CUdeviceptr>(opened[idx]) && size >= kBytes ? "ok" : "wrong";
+        } else if (std::strncmp(line, "info", 4) == 0) {
+            size_t free = 0, total = 0;
+            reply = cudaMemGetInfo(&free, &total) == cudaSuccess ? "ok " + std::to_string(free) : "failed";
         } else if (std::strncmp(line, "exit", 4) == 0) {
             return 0;
         }
@@ -286,10 +290,14 @@ int main(int argc, char** argv) {
     std::thread([&] { RT(cudaIpcGetMemHandle(&hb_thread, b)); }).join();
     EXPECT(std::memcmp(&hb, &hb_thread, sizeof hb) == 0);
 
-    Child imp = spawn({"prog_ipc_vmm", "--import"});
+    // The importer runs under a cap smaller than one granule: imported memory is the exporter's,
+    // not charged to the importer (its memory info does not move either).
+    Child imp = spawn({"prog_ipc_vmm", "--import"}, "1MiB");
+    const std::string info_before = imp.ask("info");
     // Exporter to importer, then importer to exporter; the block's own range; a second open.
     const std::string opened = imp.ask("open " + to_hex(hb));
     EXPECT(starts(opened, "ok 0 "));
+    EXPECT(starts(info_before, "ok ") && imp.ask("info") == info_before);
     EXPECT(imp.ask("check 0 34 0 1048576") == "ok");
     EXPECT(imp.ask("range 0") == "ok");
     EXPECT(imp.ask("write 0 51 0 4096") == "ok");
