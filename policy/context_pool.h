@@ -104,7 +104,8 @@ class ContextPool final : public ThreadCacheOwner {
   std::uint64_t outside() const;
   // The vmm policy is in force: blocks lie in one virtual range backed by granules mapped on
   // demand (false under vmm when the upstream has no virtual memory: the pool then grows in
-  // chunks). Such blocks cannot be shared over CUDA IPC.
+  // chunks). The driver's IPC handles do not cover such blocks: cupool shares them itself
+  // (shim/ipc_vmm.h).
   bool virtual_memory() const;
 
   // Blocks in threads' caches (cfg.thread_cache): freed by the program, kept for its thread.
