@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
@@ -274,11 +275,16 @@ void* server_main(void*) {
 
 void after_fork_in_child();
 
+// Once a process exports or imports: a forked child must not inherit the server or the leases.
+void watch_forks() {
+  static std::once_flag atfork;
+  std::call_once(atfork, [] { pthread_atfork(nullptr, nullptr, after_fork_in_child); });
+}
+
 // Starts the server (under ex.mu). False, with one line, if the socket or thread cannot be made.
 bool start_server_locked(Exporter& ex) {
   if (ex.started) return true;
-  static std::once_flag atfork;
-  std::call_once(atfork, [] { pthread_atfork(nullptr, nullptr, after_fork_in_child); });
+  watch_forks();
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     log_error(fmt::format("IPC: cannot make the vmm block server's socket: {}", std::strerror(errno)));
@@ -357,6 +363,8 @@ void after_fork_in_child() {
   if (const int fd = old_ex->listen_fd.load(); fd >= 0) ::close(fd);
   g_exporter = new Exporter;  // the old one is leaked: another thread may have held its lock
   process_memory().set_free_gate(nullptr);  // until this process exports a block of its own
+  // The child's copies of the leases would keep the exporter holding blocks this child cannot
+  // use (CUDA does not work across fork). Skipped if another thread held the table at the fork.
   Importer* old_im = g_importer;
   if (old_im->mu.try_lock()) {
     for (auto& [ptr, im] : old_im->by_ptr)
@@ -457,7 +465,7 @@ CUresult import_block(const ipc::VmmHandle& h, Import* im) {
   im->base = base;
   im->reserved = reserved;
   auto import_fd = driver().mem_import_from_shareable_handle;
-  im->handles.reserve(reply.count);
+  im->handles.reserve(std::min<std::uint64_t>(reply.count, 4096));  // a count is not trusted with memory
   while (im->handles.size() < reply.count) {
     ipc::BatchHeader bh;
     iovec iov{&bh, sizeof bh};
@@ -520,6 +528,7 @@ CUresult import_block(const ipc::VmmHandle& h, Import* im) {
 CUresult open(const ipc::VmmHandle& h, std::uint64_t* ptr) {
   CUcontext ctx = nullptr;
   if (!driver().ok || driver().ctx_get_current(&ctx) != CUDA_SUCCESS || ctx == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  watch_forks();
   Importer& imp = *g_importer;
   std::lock_guard serial(imp.open_mu);
   {

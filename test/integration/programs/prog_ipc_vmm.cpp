@@ -4,10 +4,11 @@
 // line by line over pipes, and checks: data both ways, a second open of one handle (the same
 // pointer, counted), the exporter freeing the block while the importer maps it (the importer's
 // data intact, the exporter's next allocation elsewhere), a double close (invalid value), an
-// exporter child that exits before the open (a clean error) and one that exits after it (the
-// memory stays valid), a process without cupool (a clean error), and hostile servers under the
-// parent's own pid (silent, garbage, a reply without descriptors): errors within the timeout.
-// The importer runs under a cap below one granule: what it imports is not charged to it.
+// exporter child that exits before the open (a clean error, at once even when a child it forked
+// lives on) and one that exits after it (the memory stays valid), a process without cupool (a
+// clean error), and hostile servers under the parent's own pid (silent, garbage, a reply without
+// descriptors, a reply of a billion granules): errors within the timeout. The importer runs
+// under a cap below one granule: what it imports is not charged to it.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/socket.h>
@@ -155,7 +156,7 @@ int importer() {
 // ---- an exporter child: two blocks (the second not the first in the range), the second filled
 // with `byte` and shared; its handle on stdout; then it waits for a line and exits (`free` first
 // frees the blocks). Its counts come back in its last line.
-int exporter(unsigned byte) {
+int exporter(unsigned byte, bool fork_first) {
     void *a = nullptr, *b = nullptr;
     RT(cudaMalloc(&a, kBytes));
     RT(cudaMalloc(&b, kBytes));
@@ -163,6 +164,13 @@ int exporter(unsigned byte) {
     RT(cudaDeviceSynchronize());
     cudaIpcMemHandle_t h{};
     RT(cudaIpcGetMemHandle(&h, b));
+    // A forked child that outlives this process must not keep its socket's name alive: an open
+    // after this process exited is then refused at once instead of waiting out the timeout.
+    if (fork_first && fork() == 0) {
+        close(0), close(1), close(2);  // holds none of the test's pipes
+        sleep(2);
+        _exit(0);
+    }
     std::printf("%s\n", to_hex(h).c_str());
     std::fflush(stdout);
     char line[64] = {};
@@ -264,7 +272,9 @@ bool clean_error(const std::string& reply, long max_ms) {
 
 int main(int argc, char** argv) {
     if (argc == 2 && std::strcmp(argv[1], "--import") == 0) return importer();
-    if (argc == 3 && std::strcmp(argv[1], "--export") == 0) return exporter(static_cast<unsigned>(std::atoi(argv[2])));
+    if (argc == 3 && std::strcmp(argv[1], "--export") == 0) return exporter(static_cast<unsigned>(std::atoi(argv[2])), false);
+    if (argc == 3 && std::strcmp(argv[1], "--export-fork") == 0)
+        return exporter(static_cast<unsigned>(std::atoi(argv[2])), true);
     if (argc == 3 && std::strcmp(argv[1], "--plain") == 0) return plain(argv[2]);
 
     signal(SIGPIPE, SIG_IGN);  // a child that died answers "eof", not a killed parent
@@ -335,16 +345,17 @@ int main(int argc, char** argv) {
     // Freed and no longer mapped anywhere: the handle no longer opens.
     EXPECT(clean_error(imp.ask("open " + to_hex(hb)), 5000));
 
-    // An exporter that exits before the open: a clean error, soon.
-    {
-        Child ex = spawn({"prog_ipc_vmm", "--export", "102"});
+    // An exporter that exits before the open: a clean error, soon; also where a child it forked
+    // after exporting lives on (it must have closed the exporter's socket: refused, no timeout).
+    for (const char* mode : {"--export", "--export-fork"}) {
+        Child ex = spawn({"prog_ipc_vmm", mode, "102"});
         const std::string hex = ex.ask("");  // its handle line; the empty line lets it exit
         int n_alloc = 0, n_free = 0, fails = 1;
         EXPECT(std::sscanf(ex.line().c_str(), "counts %d %d %d", &n_alloc, &n_free, &fails) == 3);
         EXPECT(ex.wait() == 0 && fails == 0);
         allocs += n_alloc;
         bytes += n_alloc * static_cast<long long>(kBytes);
-        EXPECT(clean_error(imp.ask("open " + hex), 5000));
+        EXPECT(clean_error(imp.ask("open " + hex), 1000));
     }
     // An exporter that exits after the open: the importer's memory stays valid.
     {
