@@ -5,11 +5,14 @@ docs honest: a table between <!-- gpu:NAME:begin --> and <!-- gpu:NAME:end --> m
 script makes of its results file, and every measured number written outside a table (a time, a
 size, a ratio, a percentage) must appear in a table of the same page.
 
-docs/design.md has no tables: its measurements give the reasons for decisions, many from earlier
-sessions' raw files. Every number there with a unit of time or size, a ratio or a percentage (both
-ends of a range) must be one of a few design constants (DESIGN_CONSTANTS), or appear, as a number,
-in a raw file that its own paragraph names (`docs/gpu-runs/FILE`; a size may appear there as its
-exact count of bytes). Numbers are compared as values: "29.0" matches "29", "2 528" matches "2528".
+docs/design.md's measurements give the reasons for decisions, many from earlier sessions' raw
+files. Its only tables are those of its last section, "Earlier measurements (builds before main's
+library)": older builds' tables that the measured pages no longer quote, generated here as the
+pages' are (held to their files, not to HEAD's library). Every number of its prose with a unit of
+time or size, a ratio or a percentage (both ends of a range) must be one of a few design constants
+(DESIGN_CONSTANTS), or appear, as a number, in a raw file that its own paragraph names
+(`docs/gpu-runs/FILE`; a size may appear there as its exact count of bytes). Numbers are compared
+as values: "29.0" matches "29", "2 528" matches "2528".
 
   docs_tables.py ROOT                  rewrite the tables and claims in place (and check docs/design.md)
   docs_tables.py ROOT --check          exit 1 if a table, claim or number is not what the results say
@@ -117,22 +120,11 @@ def frameworks(name="2026-12-01-runA.json"):
         ["program", "without cupool", "under cupool", "allocations in the trace"], rows)
 
 
-def pair_cost():
+def steps(prefixes=("step-", "quarantine-", "vmm-")):
     a = load("2026-12-01-runA.json")
     rows = []
     for run in a["runs"]:
-        if run["name"].startswith(("bench-", "round")):
-            j = last_json(run["stdout"])
-            rows.append([run["name"], j.get("label"), j.get("threads"), j.get("bytes"), j.get("median_ns")])
-    return source("2026-12-01-runA.json", a["header"]) + "\n\n" + table(
-        ["run", "what", "threads", "bytes", "median ns per alloc+free, per thread"], rows)
-
-
-def steps():
-    a = load("2026-12-01-runA.json")
-    rows = []
-    for run in a["runs"]:
-        if run["name"].startswith(("step-", "quarantine-", "vmm-")):
+        if run["name"].startswith(prefixes):
             t = run.get("trace") or {}
             exact = exact_result(run["stdout"]) or last_json(run["stdout"]).get("digest")
             rows.append([run["name"], field(r"step=([\d.]+) ms", run["stdout"]), exact or "",
@@ -325,13 +317,15 @@ def min_capacity():
         ["trace", "policy", "peak live", "smallest device", "what fragmentation costs", "smallest / peak live", "probes"], rows)
 
 
-TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": frameworks, "pair-cost": pair_cost, "steps": steps,
+# The measured pages' own tables (compat-suite, frameworks: the docs run's once it is kept), and the
+# older builds' tables kept in docs/design.md's "Earlier measurements" (every other name here).
+TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": frameworks,
+          "quarantine-vmm-cache": lambda: steps(("quarantine-", "vmm-")),
           "policies-pt": lambda: policies("pt-"), "policies-jax": lambda: policies("jax-"),
           "policies-share": lambda: policies("share-"), "limit": limit,
           "sharing": sharing, "share-startup": share_startup,
           "vmm-varlen": lambda: policies("pt-", "2026-12-02-runV-vmmpolicy-policies.json"),
           "vmm-varlen-before": lambda: policies("pt-", "2026-12-02-runO-vmmpolicy-policies.json"),
-          "vmm-others": lambda: vmm_others("2026-12-02-runV-results-inflight-nvml-share-vmmcalls-vmmpolicy.json"),
           "vmm-others-before": lambda: vmm_others("2026-12-02-runO-results-vmmpolicy.json"), "vmm-calls": vmm_calls,
           "stacks": stacks,
           "min-capacity": min_capacity}
@@ -361,6 +355,12 @@ if CHECK_LIBRARY:
 # ---- docs/design.md ------------------------------------------------------------------------------
 
 DESIGN = "docs/design.md"
+# Its "Earlier measurements" tables: generated as the pages' are; written back only where one changed.
+_path = os.path.join(ROOT, DESIGN)
+_text = open(_path).read()
+_new = docs_check.fill(_text, DESIGN, TABLES, CLAIMS, CHECK, errors)
+if not CHECK and _new != _text:
+    open(_path, "w").write(_new)
 # Sizes and intervals that the code or a test sets, which design.md states as such: not measurements.
 DESIGN_CONSTANTS = {
     "2 MiB",     # chunk granularity (growth, preallocate, SimUpstream)
@@ -395,7 +395,9 @@ def blank(m):
 def check_design():
     """Each measured number of docs/design.md is a design constant or in a raw file its paragraph names."""
     text = open(os.path.join(ROOT, DESIGN)).read()
-    # Code holds names, options and commands, not measurements (blanked, so line numbers stay).
+    # Generated tables are their files' by construction (checked above); code holds names, options
+    # and commands, not measurements (both blanked, so line numbers stay).
+    text = docs_check.BLOCK.sub(blank, text)
     text = re.sub(r"```.*?```", blank, text, flags=re.S)
     out = []
     line = 1
