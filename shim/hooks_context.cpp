@@ -241,8 +241,17 @@ Result open_handle(Result (*open)(Ptr*, Handle, unsigned), Result (*close)(Ptr),
     std::uint64_t p = 0;
     const CUresult rc = ipc_vmm::open(vh, &p);
     if (rc == CUDA_SUCCESS) *out = pointer<Ptr>(p);
-    if constexpr (std::is_same_v<Result, CUresult>) return rc;
-    else return runtime_code(rc);
+    if constexpr (std::is_same_v<Result, CUresult>) {
+      return rc;
+    } else {
+      // The runtime's sticky error (cudaGetLastError) must say that an open failed, as its own
+      // failed open would: it is asked to open a handle that names nothing.
+      if (rc != CUDA_SUCCESS) {
+        Ptr none{};
+        open(&none, Handle{}, flags);
+      }
+      return runtime_code(rc);
+    }
   }
   Handle restored = handle;
   ipc::BlockPlace place;

@@ -117,12 +117,14 @@ int importer() {
             const cudaError_t r = cudaIpcOpenMemHandle(&p, from_hex(arg), cudaIpcMemLazyEnablePeerAccess);
             const long ms = static_cast<long>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                                   std::chrono::steady_clock::now() - t0).count());
-            cudaGetLastError();
+            const cudaError_t sticky = cudaGetLastError();
             if (r == cudaSuccess) {
                 opened.push_back(p);
                 reply = "ok " + std::to_string(opened.size() - 1) + " " + std::to_string(reinterpret_cast<uintptr_t>(p));
             } else {
-                reply = "err " + std::to_string(r) + " " + std::to_string(ms);
+                // As the runtime's own failed open: cudaGetLastError says so too.
+                reply = std::string(sticky != cudaSuccess ? "err " : "no-last-error ") + std::to_string(r) + " " +
+                        std::to_string(ms);
             }
         } else if (std::sscanf(line, "%15s %u %u %lu %lu", cmd, &idx, &byte, &off, &len) == 5 && idx < opened.size()) {
             char* p = static_cast<char*>(opened[idx]) + off;
