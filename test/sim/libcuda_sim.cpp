@@ -13,6 +13,8 @@
 //   CUPOOL_SIM_ALLOC_LATENCY_US   sleep in cuMemAlloc_v2/cuMemAllocPitch_v2/cuMemAllocManaged/cuMemFree_v2
 //   CUPOOL_SIM_FAIL_ALLOC_AFTER   allocations (any kind) after the Nth fail with CUDA_ERROR_OUT_OF_MEMORY
 //   CUPOOL_SIM_IPC_HANDLE_TAIL    IPC handles use bytes 56..63 too (as the H200's did for a 42 GB allocation)
+//   CUPOOL_SIM_NO_FD_HANDLES      "attribute": the device says it has no POSIX fd handles; "create":
+//                                 it says it has, but cuMemCreate refuses that handle type
 
 // Gives us the declarations of every ABI variant (_v2, _ptsz, _ptds and the legacy v1 names).
 #define __CUDA_API_VERSION_INTERNAL 1
@@ -844,6 +846,12 @@ void do_init() {
     g_st->fail_after = env_long("CUPOOL_SIM_FAIL_ALLOC_AFTER", -1);
     raise_fd_limit();
     pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
+// CUPOOL_SIM_NO_FD_HANDLES names how the device lacks exportable (POSIX fd) memory, if it does.
+bool no_fd_handles(const char* how) {
+    const char* v = std::getenv("CUPOOL_SIM_NO_FD_HANDLES");
+    return v && std::strcmp(v, how) == 0;
 }
 
 CUresult check_dev(CUdevice d) {
@@ -1869,6 +1877,7 @@ CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) 
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+        v = no_fd_handles("attribute") ? 0 : 1; break;
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
         v = 1; break;
@@ -2311,6 +2320,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
     if (check_dev(prop->location.id) != CUDA_SUCCESS) return CUDA_ERROR_INVALID_DEVICE;
+    if ((prop->requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) && no_fd_handles("create"))
+        return CUDA_ERROR_NOT_SUPPORTED;
     if (injected_failure()) return CUDA_ERROR_OUT_OF_MEMORY;
     // The device in the name: an importing process reads it back (cuMemImportFromShareableHandle).
     char name[48];

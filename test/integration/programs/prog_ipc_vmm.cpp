@@ -8,7 +8,8 @@
 // lives on) and one that exits after it (the memory stays valid), a process without cupool (a
 // clean error), and hostile servers under the parent's own pid (silent, garbage, a reply without
 // descriptors, a reply of a billion granules): errors within the timeout. The importer runs
-// under a cap below one granule: what it imports is not charged to it.
+// under a cap below one granule: what it imports is not charged to it. Under
+// CUPOOL_SIM_NO_FD_HANDLES (no exportable memory) it checks the refusal instead.
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <sys/socket.h>
@@ -289,6 +290,26 @@ int main(int argc, char** argv) {
     RT(cudaMemset(a, 0x11, kBytes));
     RT(cudaMemset(b, 0x22, kBytes));
     RT(cudaDeviceSynchronize());
+
+    if (std::getenv("CUPOOL_SIM_NO_FD_HANDLES")) {
+        // No exportable memory (the device says so, or cuMemCreate refuses the handle type):
+        // the blocks still work, and sharing them is refused (invalid value, the handle cleared)
+        // in both APIs, as before vmm blocks could be shared.
+        cudaIpcMemHandle_t h;
+        std::memset(&h, 0x5a, sizeof h);
+        const cudaError_t r = cudaIpcGetMemHandle(&h, b);
+        EXPECT(r == cudaErrorInvalidValue);
+        cudaGetLastError();
+        const cudaIpcMemHandle_t zero{};
+        EXPECT(std::memcmp(&h, &zero, sizeof h) == 0);
+        CUipcMemHandle hd;
+        EXPECT(cuIpcGetMemHandle(&hd, reinterpret_cast<CUdeviceptr>(a)) == CUDA_ERROR_INVALID_VALUE);
+        EXPECT(all_bytes(a, kBytes, 0x11) && all_bytes(b, kBytes, 0x22));
+        RT(cudaFree(a));
+        RT(cudaFree(b));
+        return prog::finish(prog::Json().num("allocs", 2).num("frees", 2).num("bytes", 2 * kBytes)
+                                .boolean("refused_without_fd_handles", r == cudaErrorInvalidValue));
+    }
 
     // b is not the first block of the range. Its handle, by both APIs, from inside it, and from a
     // thread with no current context (torch.multiprocessing's feeder thread): the same bytes.
