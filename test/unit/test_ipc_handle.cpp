@@ -1,10 +1,12 @@
-// The IPC handle codec and the importer's bookkeeping (docs/design.md, "CUDA IPC of pool blocks").
+// The IPC handle codec and the importer's bookkeeping (docs/design.md, "CUDA IPC of pool blocks"),
+// and the vmm blocks' handle and reply checks ("IPC of vmm blocks").
 #include <catch2/catch.hpp>
 
 #include <array>
 #include <cstring>
 
 #include "ipc_handle.h"
+#include "ipc_vmm_handle.h"
 
 using namespace cupool::ipc;
 
@@ -76,8 +78,6 @@ TEST_CASE("ipc: imported blocks answer range queries and close their chunk once 
 }
 
 // ---- vmm blocks' handles (policy/ipc_vmm_handle.h) ---------------------------------------------
-
-#include "ipc_vmm_handle.h"
 
 TEST_CASE("ipc vmm: a handle round-trips, and nothing else reads as one", "[ipc]") {
   VmmHandle v;
