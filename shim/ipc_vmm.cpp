@@ -93,7 +93,9 @@ struct Export {
 
 class Exporter final : public FreeGate {
  public:
-  std::mutex mu;  // held briefly: never across a socket operation (fork handlers take it)
+  // Never held across a socket operation; held across the pool's free of a block whose last
+  // lease ended, so that a context drop waits for it.
+  std::mutex mu;
   std::unordered_map<std::uint64_t, Export> by_id;
   std::unordered_map<std::uint64_t, std::uint64_t> id_by_ptr;
   std::uint64_t next_id = 1;
