@@ -459,7 +459,7 @@ std::optional<FreeMode> free_mode_named(std::string_view name) {
 // clang-format off
 constexpr std::array<OptionInfo, kOptionCount> kOptions = {{
   {Option::policy, "CUPOOL_POLICY", "enum", "growth", "growth, preallocate, passthrough, vmm",
-   "How device memory is managed: a pool that grows in chunks, one up-front reservation, no pool (trace only), or one virtual range per device with memory mapped behind it in granules (the driver's mapping granularity) as blocks need it, wholly free granules unmapped where the mapped bytes would pass the most ever in blocks by more than 1/40, and when memory is short or asked back (reserved follows in use; its blocks cannot be shared over CUDA IPC).",
+   "How device memory is managed: a pool that grows in chunks, one up-front reservation, no pool (trace only), or one virtual range per device with memory mapped behind it in granules (the driver's mapping granularity) as blocks need it, wholly free granules unmapped where the mapped bytes would pass the most ever in blocks by more than 1/40, and when memory is short or asked back (reserved follows in use).",
    parse_policy},
   {Option::free, "CUPOOL_FREE", "enum", "deferred", "sync, deferred",
    "When freed memory may be reused: after a device synchronize at the free, as cudaFree does (the free waits for all device work), or once a fence placed after the free has retired (a free never waits; an allocation may wait for old fences when much is held).",
