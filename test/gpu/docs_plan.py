@@ -1,28 +1,33 @@
 #!/usr/bin/env python3
-"""What `test/gpu/run_all.sh BUILD CARRY OUT --docs --part K/3` runs: everything the measured pages
-(README.md, docs/compatibility.md, docs/performance.md, docs/policies.md) quote, split in three
-device calls that each finish well inside one call's 600 s, and where docs_tables.py finds the
-raw files once they are kept in docs/gpu-runs/. One home for the split: run_all.sh asks this file
-for a part's groups and settings, docs_tables.py for the files' names.
+"""What `test/gpu/run_all.sh BUILD CARRY OUT --docs --part K/4` runs: everything the measured pages
+(README.md, docs/compatibility.md, docs/performance.md, docs/policies.md) quote, split in four
+device calls that each finish inside one call's 600 s, and where docs_tables.py finds the raw
+files once they are kept in docs/gpu-runs/. One home for the split: run_all.sh asks this file for
+a part's groups and settings, docs_run.py and docs_tables.py for the files' names.
 
   docs_plan.py groups K/N         the groups of part K (prints GROUPS, then the settings as VAR=value)
   docs_plan.py save OUT PREFIX    copy a part's OUT into docs/gpu-runs as PREFIX-FILE (folders
-                                  flattened with '-'), e.g. docs/gpu-runs/2026-12-03-docs1
+                                  flattened with '-'), e.g. docs/gpu-runs/2026-12-03-docs2
 
-Estimates, from the raw logs of earlier calls on the same H200 (the `[ 9.0s] name` lines):
-  part 1 (~360 s): suite 75 s (runZ4: 25 programs x 10 runs, 74.7 s), contextless ~15 s (runZ4),
-    compat 145 s (runA: torch 80, jax 41, jaxmlp 19, cupy and workload 4), inflight 6 s (runV),
-    share 40 s (runZ4: budget and hostile ~9 s, share-race 30.8 s), rounds 3 x 7 pair costs of
-    ~3.5 s = 75 s (runA: bench's 6 runs 23 s, a round of 3 runs 14 s).
-  part 2 (~445 s): steps 3 rounds x 8 steps = 195 s (runA: the 8 step runs 65 s), defaultpolicy
+Estimates: the run times the H200 printed (the `[ 9.0s] name` lines of the raw logs), plus what
+the call spends beside them. The first split (three parts, 2026-12-02) took these from earlier
+calls and was far too low: its part 1 ran 450 s and was cut in its pair-cost rounds, because
+run_all.py parsed every event of the trace-on benchmarks' traces (millions of lines) in Python.
+Those runs now only sample their traces, and each part holds less.
+  part 1 (~120 s): suite 76.0 s (docs1 of 2026-12-02: 25 programs x 10 runs), contextless ~30 s.
+  part 2 (~330 s): compat ~170 s (torch 8 runs 85 s, jax 8 runs 74 s, cupy and the workload 5 s),
+    inflight 6 s, share ~40 s (runZ4: budget and hostile ~9 s, share-race 30.8 s), rounds 3 x 7
+    pair costs = ~100 s (2026-12-02: a round's runs 29.5 s).
+  part 3 (~470 s): steps 3 rounds x 8 steps = 195 s (runA: the 8 step runs 65 s), defaultpolicy
     250 s (runZ5: 2 runs without cupool 21 s, 3 rounds of 6 runs 229 s).
-  part 3 (~465 s): policies 3 rounds of pt-caching-nocupool-1 and pt-expandable-nocupool = 120 s
+  part 4 (~465 s): policies 3 rounds of pt-caching-nocupool-1 and pt-expandable-nocupool = 120 s
     (runB and runV: 19-23 s a run), sharing ~345 s: the three jobs alone 50 s (runH: transformer
     10 s, varlen 20 s each), then varlen-varlen-transformer at 70% in 3 rounds of 5 ways (fixed
     shares, caps and one shared budget under growth and vmm): a way whose jobs fail ~11 s, a
     shared one that finishes ~29 s (runH: 10.0-11.6 s and 27.6-29.2 s), 3 x 90 s = 270 s, and the
     start-up benchmark ~10 s.
-Total ~1270 s (21 min) of device time, plus the machine's start.
+Total ~1385 s (23 min) of device time, plus the machine's start. run_all.py rewrites its results
+file after every run, so a part cut at the limit keeps what it measured ("complete": false).
 """
 import os
 import shutil
@@ -30,22 +35,24 @@ import sys
 
 ROUNDS = 3
 PARTS = [
-    {"groups": ["suite", "contextless", "compat", "inflight", "share", "rounds"], "estimate_s": 360, "env": {}},
-    {"groups": ["steps", "defaultpolicy"], "estimate_s": 445, "env": {}},
+    {"groups": ["suite", "contextless"], "estimate_s": 120, "env": {}},
+    {"groups": ["compat", "inflight", "share", "rounds"], "estimate_s": 330, "env": {}},
+    {"groups": ["steps", "defaultpolicy"], "estimate_s": 470, "env": {}},
     {"groups": ["policies", "sharing"], "estimate_s": 465,
      "env": {"CUPOOL_GPU_POLICIES_ROUNDS_OF": "pt-caching-nocupool-1,pt-expandable-nocupool",
              "SHARING_WAYS": "preallocate-fixed,growth-capped,growth-shared,vmm-capped,vmm-shared",
              "SHARING_SCENARIOS": "varlen-varlen-transformer:0.7", "SHARING_ROUNDS": str(ROUNDS)}},
 ]
+PART_NUMBERS = range(1, len(PARTS) + 1)
 COMMON_ENV = {"CUPOOL_GPU_ROUNDS": str(ROUNDS)}
 
 # The raw files of each part, as `save` names them (PREFIX-NAME), that docs_tables.py reads.
 FILES = {
-    1: ["header.json", "run.log", "compat.json", "compat.md", "contextless.txt",
-        "results-compat-inflight-rounds-share.json", "results-compat-inflight-rounds-share.md"],
-    2: ["header.json", "run.log", "results-defaultpolicy-steps.json", "results-defaultpolicy-steps.md",
+    1: ["header.json", "run.log", "compat.json", "compat.md", "contextless.txt"],
+    2: ["header.json", "run.log", "results-compat-inflight-rounds-share.json", "results-compat-inflight-rounds-share.md"],
+    3: ["header.json", "run.log", "results-defaultpolicy-steps.json", "results-defaultpolicy-steps.md",
         "defaultpolicy.json"],
-    3: ["header.json", "run.log", "results-policies-sharing.json", "results-policies-sharing.md", "sharing.json"]
+    4: ["header.json", "run.log", "results-policies-sharing.json", "results-policies-sharing.md", "sharing.json"]
        + [f"policies-round{i}-policies.json" for i in range(1, ROUNDS + 1)],
 }
 

@@ -1,4 +1,4 @@
-"""The tables and claims of the docs run (test/gpu/run_all.sh --docs --part K/3, kept in docs/gpu-runs
+"""The tables and claims of the docs run (test/gpu/run_all.sh --docs --part K/4, kept in docs/gpu-runs
 as DATE-docsK-FILE by docs_plan.py save): every comparison over the rounds, as min / median / max.
 docs_tables.py registers them; until a docs run is kept, each says so in one line."""
 import glob
@@ -6,6 +6,8 @@ import json
 import os
 import re
 import statistics
+
+import docs_plan  # test/gpu/docs_plan.py: the parts, and which group each holds
 
 from results import exact_result, last_json  # test/gpu/results.py
 
@@ -16,7 +18,7 @@ class DocsRun:
     def __init__(self, runs_dir):
         self.runs_dir = runs_dir
         self.prefix = {}  # part -> the newest kept run's prefix (DATE-docsK)
-        for part in (1, 2, 3):
+        for part in docs_plan.PART_NUMBERS:
             heads = sorted(glob.glob(os.path.join(runs_dir, f"*-docs{part}-header.json")))
             if heads:
                 self.prefix[part] = os.path.basename(heads[-1])[:-len("-header.json")]
@@ -35,7 +37,7 @@ class DocsRun:
     def missing(self, part):
         return (None if part in self.prefix else
                 f"No docs run of part {part} is kept in docs/gpu-runs yet (test/gpu/run_all.sh BUILD CARRY OUT --docs "
-                f"--part {part}/3, then test/gpu/docs_plan.py save).")
+                f"--part {part}/{len(docs_plan.PART_NUMBERS)}, then test/gpu/docs_plan.py save).")
 
 
 def mmm(v, fmt="{}"):
@@ -80,23 +82,23 @@ def pair_rows(d):
 
 def make(runs_dir):
     run = DocsRun(runs_dir)
-    part1 = "results-compat-inflight-rounds-share.json"
-    part2 = "results-defaultpolicy-steps.json"
+    part2 = "results-compat-inflight-rounds-share.json"
+    part3 = "results-defaultpolicy-steps.json"
 
     def pair_cost():
-        if run.missing(1):
-            return run.missing(1)
-        d = run.load(1, part1)
+        if run.missing(2):
+            return run.missing(2)
+        d = run.load(2, part2)
         rows = [[c, f"{b // MiB} MiB" if b >= MiB else f"{b} B", t, mmm(v), len(v)]
                 for (c, b, t), v in sorted(pair_rows(d).items())]
-        return run.source(1, part1) + (" `test/gpu/bench_alloc.cu`: median ns per alloc+free per thread of each run; "
+        return run.source(2, part2) + (" `test/gpu/bench_alloc.cu`: median ns per alloc+free per thread of each run; "
                                        "the rounds alternate (order reversed every other round).\n\n") + table(
             ["configuration", "size", "threads", "ns: min / median / max of the rounds", "rounds"], rows)
 
     def steps():
-        if run.missing(2):
-            return run.missing(2)
-        d = run.load(2, part2)
+        if run.missing(3):
+            return run.missing(3)
+        d = run.load(3, part3)
         rows = []
         for config, rs in rounds_of(d["runs"], r"step-round(?P<round>\d+)-(?P<config>.+)").items():
             steps_ms = [float(m.group(1)) if (m := re.search(r"step=([\d.]+) ms", r["stdout"])) else None for r in rs]
@@ -104,27 +106,27 @@ def make(runs_dir):
             peaks = [(r.get("trace") or {}).get("peak_reserved") for r in rs]
             rows.append([config, mmm(steps_ms), ", ".join(res),
                          mmm([p // MiB if p else None for p in peaks], "{} MiB") if any(peaks) else "", len(rs)])
-        return run.source(2, part2) + " Transformer and JAX MLP steps, median ms of each run, over alternating rounds.\n\n" + \
+        return run.source(3, part3) + " Transformer and JAX MLP steps, median ms of each run, over alternating rounds.\n\n" + \
             table(["configuration", "step ms: min / median / max", "exact results seen", "peak reserved (trace)",
                    "rounds"], rows)
 
     def defaultpolicy():
-        if run.missing(2):
-            return run.missing(2)
-        s = run.load(2, "defaultpolicy.json")
+        if run.missing(3):
+            return run.missing(3)
+        s = run.load(3, "defaultpolicy.json")
         rows = [[k.rsplit("-", 1)[0], k.rsplit("-", 1)[1], mmm(v["step_ms"] or []),
                  mmm(v["pool_reserved_mib"] or [], "{:.0f} MiB"), mmm(v["reserved_over_in_use"] or [], "{:.3f}"),
                  mmm(v["outside_peak_mib"] or [], "{:.0f} MiB")] for k, v in s.items()]
-        return run.source(2, "defaultpolicy.json") + (" Every tensor through cupool (the frameworks' caches off), "
+        return run.source(3, "defaultpolicy.json") + (" Every tensor through cupool (the frameworks' caches off), "
                                                       "growth and vmm in alternating rounds; pool peaks from each "
                                                       "run's trace.\n\n") + table(
             ["workload", "policy", "step ms: min / median / max", "pool peak reserved", "reserved / in use (pool)",
              "outside the pool, peak"], rows)
 
     def sharing():
-        if run.missing(3):
-            return run.missing(3)
-        d = run.load(3, "sharing.json")
+        if run.missing(4):
+            return run.missing(4)
+        d = run.load(4, "sharing.json")
         ways = {}
         for sc in d["scenarios"]:
             ways.setdefault((sc["scenario"], sc["budget_mib"], sc["way"]), []).append(sc)
@@ -132,20 +134,20 @@ def make(runs_dir):
                  mmm([x["peak_device_used_mib"] for x in xs], "{} MiB"),
                  mmm([med([j["step_ms"] for j in x["jobs"] if j["finished"]]) for x in xs]), len(xs)]
                 for (sc, b, w), xs in ways.items()]
-        return run.source(3, "sharing.json") + (" Each job under `cupool run --takeover`; a job's share is the budget "
+        return run.source(4, "sharing.json") + (" Each job under `cupool run --takeover`; a job's share is the budget "
                                                 "split in proportion to its peak alone; device peak: nvidia-smi's used "
                                                 "memory over the idle device.\n\n") + table(
             ["scenario, budget", "way", "jobs finished, each round", "device peak: min / median / max",
              "median step of the finished jobs (ms)", "rounds"], rows)
 
     def policies():
-        if run.missing(3):
-            return run.missing(3)
+        if run.missing(4):
+            return run.missing(4)
         got = {}
         for i in (1, 2, 3):
             f = f"policies-round{i}-policies.json"
-            if os.path.isfile(os.path.join(runs_dir, run.name(3, f))):
-                for r in run.load(3, f)["runs"]:
+            if os.path.isfile(os.path.join(runs_dir, run.name(4, f))):
+                for r in run.load(4, f)["runs"]:
                     got.setdefault(r["name"], []).append(r)
         rows = []
         for name, rs in got.items():
@@ -154,14 +156,14 @@ def make(runs_dir):
                          mmm([x["torch_max_reserved"] // MiB if x.get("torch_max_reserved") else None for x in res], "{} MiB"),
                          mmm([x["torch_max_allocated"] // MiB if x.get("torch_max_allocated") else None for x in res], "{} MiB"),
                          len(rs)])
-        return run.source(3, "policies-round1-policies.json") + (" `train_varlen.py` without cupool, in alternating "
+        return run.source(4, "policies-round1-policies.json") + (" `train_varlen.py` without cupool, in alternating "
                                                                   "rounds (one file a round); PyTorch's own counts.\n\n") + \
             table(["run", "median step ms: min / median / max", "max reserved", "max allocated", "rounds"], rows)
 
     def vmm_vs_growth():
-        if run.missing(2):
-            return run.missing(2)
-        s = run.load(2, "defaultpolicy.json")
+        if run.missing(3):
+            return run.missing(3)
+        s = run.load(3, "defaultpolicy.json")
         out = []
         for wl in ("transformer", "varlen", "jaxmlp"):
             g, v = s.get(f"{wl}-growth", {}).get("step_ms"), s.get(f"{wl}-vmm", {}).get("step_ms")
@@ -169,18 +171,18 @@ def make(runs_dir):
                 ratio = v[1] / g[1]
                 out.append(f"{wl}: vmm's median step {v[1]} ms against growth's {g[1]} ms, {ratio:.3f} times "
                            f"({'slower' if ratio > 1 else 'faster' if ratio < 1 else 'the same'})")
-        return "; ".join(out) + " (docs/gpu-runs/" + run.name(2, "defaultpolicy.json") + ")"
+        return "; ".join(out) + " (docs/gpu-runs/" + run.name(3, "defaultpolicy.json") + ")"
 
     def sharing_finished():
-        if run.missing(3):
-            return run.missing(3)
-        d = run.load(3, "sharing.json")
+        if run.missing(4):
+            return run.missing(4)
+        d = run.load(4, "sharing.json")
         by = {}
         for sc in d["scenarios"]:
             f, n = by.get(sc["way"], (0, 0))
             by[sc["way"]] = (f + sc["finished"], n + len(sc["jobs"]))
         return "jobs finished over every round: " + ", ".join(f"{w} {f} of {n}" for w, (f, n) in by.items()) + \
-            " (docs/gpu-runs/" + run.name(3, "sharing.json") + ")"
+            " (docs/gpu-runs/" + run.name(4, "sharing.json") + ")"
 
     tables = {"docs-pair-cost": pair_cost, "docs-steps": steps, "docs-defaultpolicy": defaultpolicy,
               "docs-sharing": sharing, "docs-policies": policies}

@@ -3,9 +3,9 @@
 # built here. Prints the build, GPU, driver and library versions first (they head every results
 # file too), and exits non-zero if any check failed or did not exercise what it claims.
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT [--only GROUP,...]
-#   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --docs --part K/3
-# --docs: everything the measured pages quote, in three parts of one device call each (under
-# 540 s each on the H200; test/gpu/docs_plan.py says which groups, with what settings, and its
+#   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --docs --part K/4
+# --docs: everything the measured pages quote, in four parts of one device call each (under
+# 500 s each on the H200; test/gpu/docs_plan.py says which groups, with what settings, and its
 # estimates); the output is also written to OUT/run.log. Then, here:
 #   test/gpu/docs_plan.py save FILES_AT/OUT docs/gpu-runs/DATE-docsK   (each part), and
 #   test/gpu/docs_tables.py .                                         (the pages from them).
@@ -19,7 +19,7 @@ mkdir -p "$out"
 groups=all
 if [[ ${1:-} == --docs ]]; then
   if [[ ${2:-} != --part || -z ${3:-} ]]; then
-    echo "run_all.sh: --docs --part K/3 (one device call each; test/gpu/docs_plan.py lists them)" >&2
+    echo "run_all.sh: --docs --part K/4 (one device call each; test/gpu/docs_plan.py lists them)" >&2
     exit 2
   fi
   plan=$(python3 "$here/docs_plan.py" groups "$3") || exit 2
