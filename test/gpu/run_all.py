@@ -1206,7 +1206,9 @@ for r in runs:
     t = r.get("trace")
     allocs = ""
     peak = ""
-    if t:
+    if t and "by_api" not in t:  # a sampled trace (quick_stack_counts): its counts only
+        allocs = f'{t["allocs"]} allocs in the first {t["lines_read"]} lines (sampled)'
+    elif t:
         allocs = ", ".join(f"{k}={v}" for k, v in sorted(t["by_api"].items()) if k.split(":")[0] in ("alloc", "vmm_create"))
         peak = f'{t["peak_reserved"] / 2**20:.0f} MiB' if t["peak_reserved"] else f'{t["peak_external"] / 2**20:.0f} MiB ext'
         if t.get("dropped"):
