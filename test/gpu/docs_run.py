@@ -49,7 +49,7 @@ def mmm(v, fmt="{}"):
 
 def med(v):
     v = [x for x in v if x is not None]
-    return statistics.median(v) if v else None
+    return round(statistics.median(v), 3) if v else None  # the median of two is a new float: no 65.04500000000002
 
 
 def rounds_of(runs, pattern):

@@ -1012,9 +1012,10 @@ if wanted("vmmipc"):
                   (r["stderr"] or "")[-300:])
 
     # 1. torch.multiprocessing, spawn; one more vmm run with PyTorch's cache off (every tensor its
-    # own cudaMalloc, as cupool run --takeover does). PyTorch itself cannot share a tensor with its
-    # cache off (its uncached allocator keeps no record of the block, and _share_cuda_ answers
-    # "invalid device pointer": pytorch/pytorch#114534; H200 at b3e56e8, 2026-12-02), so that run
+    # own cudaMalloc, as cupool run --takeover does). PyTorch's own code refuses to share a tensor
+    # with its cache off: its uncached path keeps no block record, and the caching allocator's
+    # shareIpcHandle answers "invalid device pointer" (the vmm run at b3e56e8 raised exactly that,
+    # docs/gpu-runs/2026-12-02-runZ8-vmmipc-run.log; see also pytorch/pytorch#114534). So that run
     # is held to the same run without cupool: the same outcome, not success.
     torch_cfgs = dict(ipc_configs, **{"nocupool-nocache": None, "vmm-deferred-nocache": ipc_configs["vmm-deferred"]})
     torch_seen = {}
