@@ -14,7 +14,8 @@ unit test (test/gpu/test_docs_check.py). Three kinds of generated or checked tex
 
 check_library: a measured page may quote only raw files whose build's library folders (policy/,
 shim/, trace/) are HEAD's (`git diff --quiet COMMIT HEAD -- policy shim trace`); a build marked
--dirty is refused, since what it held is not known.
+-dirty is refused, since what it held is not known. Where the history to compare with is not
+there (a shallow clone without the build's commit, no git), the check is skipped, not passed.
 """
 import json
 import os
@@ -124,8 +125,23 @@ def header_commit(runs_dir, name):
     return None
 
 
+def history_missing(root):
+    """Why the builds' commits cannot be compared here (no git, not a repository, or a shallow
+    clone that lacks them), or None."""
+    try:
+        p = subprocess.run(["git", "-C", root, "rev-parse", "--is-shallow-repository"], capture_output=True, text=True)
+    except OSError:
+        return "git is not installed"
+    if p.returncode != 0:
+        return "the source tree is not a git repository"
+    return "the clone is shallow" if p.stdout.strip() == "true" else None
+
+
 def check_library(root, pages, runs_dir, errors):
-    """Every raw file a measured page cites was made by a build whose library is HEAD's."""
+    """Every raw file a measured page cites was made by a build whose library is HEAD's. Returns
+    a reason to skip (the history needed is not here) when that is all that stops the check."""
+    missing_history = history_missing(root)
+    skipped = None
     seen = {}
     for page in pages:
         text = open(os.path.join(root, page)).read()
@@ -140,10 +156,15 @@ def check_library(root, pages, runs_dir, errors):
                     seen[commit] = "was built from a tree with uncommitted changes (-dirty): its library is not known"
                 else:
                     p = subprocess.run(["git", "-C", root, "diff", "--quiet", commit, "HEAD", "--", *LIBRARY],
-                                       capture_output=True, text=True)
+                                       capture_output=True, text=True) if missing_history in (None, "the clone is shallow") else None
+                    if p is None or (p.returncode > 1 and missing_history):
+                        seen[commit] = None
+                        skipped = f"build {commit} cannot be compared with HEAD: {missing_history or 'no history'}"
+                        continue
                     seen[commit] = None if p.returncode == 0 else (
                         f"was made by build {commit}, whose {'/, '.join(LIBRARY)}/ differ from HEAD's" if p.returncode == 1
                         else f"names build {commit}, not a commit here ({p.stderr.strip()[:100]})")
             if seen[commit]:
                 errors.append(f"{page}: quotes docs/gpu-runs/{f}, which {seen[commit]}; the measured pages quote "
                               "only runs of HEAD's library (older figures go to docs/design.md, labelled with their build)")
+    return skipped

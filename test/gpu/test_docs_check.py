@@ -46,6 +46,51 @@ for what, old, new in (("a number in the claim", "30.5 ms", "30.6 ms"),
     assert page.count(old) == 1, old
     if not errors_of(page.replace(old, new)):
         failed.append(f"changing {what} ('{old}' to '{new}') passed the check")
+
+
+def library_check():
+    """check_library in a small repository: a page quoting a run of HEAD's library passes; once
+    policy/ changes it fails; in a shallow clone without the run's commit it is skipped, not passed."""
+    import subprocess
+    import tempfile
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = os.path.join(tmp, "repo")
+        os.makedirs(os.path.join(repo, "policy"))
+        os.makedirs(os.path.join(repo, "docs", "gpu-runs"))
+
+        def git(*a, cwd=repo):
+            return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=cwd, check=True,
+                                  capture_output=True, text=True).stdout.strip()
+        git("init", "-q")
+        open(os.path.join(repo, "policy", "pool.cpp"), "w").write("int a;\n")
+        git("add", "-A")
+        git("commit", "-qm", "a")
+        built = git("rev-parse", "--short", "HEAD")
+        json.dump({"header": {"commit": built}}, open(os.path.join(repo, "docs", "gpu-runs", "r.json"), "w"))
+        open(os.path.join(repo, "page.md"), "w").write("See docs/gpu-runs/r.json.\n")
+        git("add", "-A")
+        git("commit", "-qm", "the run")
+
+        def run_check(root):
+            errors = []
+            skipped = docs_check.check_library(root, ["page.md"], os.path.join(root, "docs", "gpu-runs"), errors)
+            return errors, skipped
+        if run_check(repo) != ([], None):
+            out.append(f"a page quoting a run of HEAD's library: {run_check(repo)}")
+        open(os.path.join(repo, "policy", "pool.cpp"), "w").write("int b;\n")
+        git("commit", "-qam", "the library changes")
+        errors, skipped = run_check(repo)
+        if not errors or skipped:
+            out.append(f"a page quoting a run of an older library passed: {errors} {skipped}")
+        git("clone", "-q", "--depth", "1", "file://" + repo, os.path.join(tmp, "shallow"), cwd=tmp)
+        errors, skipped = run_check(os.path.join(tmp, "shallow"))
+        if errors or not skipped:
+            out.append(f"a shallow clone without the run's commit: not skipped ({errors}, {skipped})")
+    return out
+
+
+failed += library_check()
 for f in failed:
     print("FAIL:", f)
 print("ok" if not failed else f"{len(failed)} failed")
