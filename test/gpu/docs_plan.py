@@ -9,24 +9,18 @@ a part's groups and settings, docs_run.py and docs_tables.py for the files' name
   docs_plan.py save OUT PREFIX    copy a part's OUT into docs/gpu-runs as PREFIX-FILE (folders
                                   flattened with '-'), e.g. docs/gpu-runs/2026-12-03-docs2
 
-Estimates: the run times the H200 printed (the `[ 9.0s] name` lines of the raw logs), plus what
-the call spends beside them. The first split (three parts, 2026-12-02) took these from earlier
+Times: the run times the H200 printed (the `[ 9.0s] name` lines of the raw logs), plus what the
+call spends beside them. The first split (three parts, 2026-12-02) took its estimates from earlier
 calls and was far too low: its part 1 ran 450 s and was cut in its pair-cost rounds, because
 run_all.py parsed every event of the trace-on benchmarks' traces (millions of lines) in Python.
-Those runs now only sample their traces, and each part holds less.
-  part 1 (~120 s): suite 76.0 s (docs1 of 2026-12-02: 25 programs x 10 runs), contextless ~30 s.
-  part 2 (~330 s): compat ~170 s (torch 8 runs 85 s, jax 8 runs 74 s, cupy and the workload 5 s),
-    inflight 6 s, share ~40 s (runZ4: budget and hostile ~9 s, share-race 30.8 s), rounds 3 x 7
-    pair costs = ~100 s (2026-12-02: a round's runs 29.5 s).
-  part 3 (~470 s): steps 3 rounds x 8 steps = 195 s (runA: the 8 step runs 65 s), defaultpolicy
-    250 s (runZ5: 2 runs without cupool 21 s, 3 rounds of 6 runs 229 s).
-  part 4 (~465 s): policies 3 rounds of pt-caching-nocupool-1 and pt-expandable-nocupool = 120 s
-    (runB and runV: 19-23 s a run), sharing ~345 s: the three jobs alone 50 s (runH: transformer
-    10 s, varlen 20 s each), then varlen-varlen-transformer at 70% in 3 rounds of 5 ways (fixed
-    shares, caps and one shared budget under growth and vmm): a way whose jobs fail ~11 s, a
-    shared one that finishes ~29 s (runH: 10.0-11.6 s and 27.6-29.2 s), 3 x 90 s = 270 s, and the
-    start-up benchmark ~10 s.
-Total ~1385 s (23 min) of device time, plus the machine's start. run_all.py rewrites its results
+Those runs now only sample their traces, and each part holds less. Measured on 2026-12-02/03
+(the kept docs run, docs/gpu-runs/*-docsK-run.log; wall time of the whole device command):
+  part 1: suite 76.0 s, contextless ~30 s (its call also ran other groups: ~120 s for these two).
+  part 2: 339.5 s: compat 186 s (torch 103, jax 77, cupy and the workload 6), inflight 6 s,
+    share 31 s of share-race plus the budget and hostile checks, rounds 89 s.
+  part 3: 535.6 s: steps 249 s, defaultpolicy 263 s. The tightest part: 64 s under the limit.
+  part 4: 467.1 s: policies 131 s, sharing the rest (the jobs alone, 15 ways, the start-up cost).
+Total ~1460 s (24 min) of device time, plus the machine's start. run_all.py rewrites its results
 file after every run, so a part cut at the limit keeps what it measured ("complete": false).
 """
 import os
@@ -36,9 +30,9 @@ import sys
 ROUNDS = 3
 PARTS = [
     {"groups": ["suite", "contextless"], "estimate_s": 120, "env": {}},
-    {"groups": ["compat", "inflight", "share", "rounds"], "estimate_s": 330, "env": {}},
-    {"groups": ["steps", "defaultpolicy"], "estimate_s": 470, "env": {}},
-    {"groups": ["policies", "sharing"], "estimate_s": 465,
+    {"groups": ["compat", "inflight", "share", "rounds"], "estimate_s": 340, "env": {}},
+    {"groups": ["steps", "defaultpolicy"], "estimate_s": 536, "env": {}},
+    {"groups": ["policies", "sharing"], "estimate_s": 467,
      "env": {"CUPOOL_GPU_POLICIES_ROUNDS_OF": "pt-caching-nocupool-1,pt-expandable-nocupool",
              "SHARING_WAYS": "preallocate-fixed,growth-capped,growth-shared,vmm-capped,vmm-shared",
              "SHARING_SCENARIOS": "varlen-varlen-transformer:0.7", "SHARING_ROUNDS": str(ROUNDS)}},

@@ -4,8 +4,8 @@
 # file too), and exits non-zero if any check failed or did not exercise what it claims.
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT [--only GROUP,...]
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --docs --part K/4
-# --docs: everything the measured pages quote, in four parts of one device call each (under
-# 500 s each on the H200; test/gpu/docs_plan.py says which groups, with what settings, and its
+# --docs: everything the measured pages quote, in four parts of one device call each (340
+# to 536 s each on the H200, under the 600 s a call may run; test/gpu/docs_plan.py says which groups, with what settings, and its
 # estimates); the output is also written to OUT/run.log. Then, here:
 #   test/gpu/docs_plan.py save FILES_AT/OUT docs/gpu-runs/DATE-docsK   (each part), and
 #   test/gpu/docs_tables.py .                                         (the pages from them).
