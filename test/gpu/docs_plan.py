@@ -11,9 +11,10 @@ a part's groups and settings, docs_run.py and docs_tables.py for the files' name
 
 Times: the run times the H200 printed (the `[ 9.0s] name` lines of the raw logs), plus what the
 call spends beside them. The first split (three parts, 2026-12-02) took its estimates from earlier
-calls and was far too low: its part 1 ran 450 s and was cut in its pair-cost rounds, because
-run_all.py parsed every event of the trace-on benchmarks' traces (millions of lines) in Python.
-Those runs now only sample their traces, and each part holds less. Measured on 2026-12-02/03
+calls and was far too low: its part 1 ran about 450 s and was cut (at the call's limit) in its
+pair-cost rounds; the likely cause, found afterwards, is that run_all.py parsed every event of the
+trace-on benchmarks' traces (millions of lines) in Python. Those runs now only sample their
+traces, and each part holds less. Measured on 2026-12-02/03
 (the kept docs run, docs/gpu-runs/*-docsK-run.log; wall time of the whole device command):
   part 1: suite 76.0 s, contextless ~30 s (its call also ran other groups: ~120 s for these two).
   part 2: 339.5 s: compat 186 s (torch 103, jax 77, cupy and the workload 6), inflight 6 s,

@@ -214,8 +214,8 @@ def sharing():
          "peak reserved", "out of memory", "waits (time)"], rows)
 
 
-def share_startup():
-    d = load("2026-12-01-runH-results-share-sharing.json")
+def share_startup(name="2026-12-01-runH-results-share-sharing.json"):
+    d = load(name)
     r = by_name(d["runs"])["share-startup-cost"]
     rows = []
     for line in r["stdout"].splitlines():
@@ -223,7 +223,7 @@ def share_startup():
             x = json.loads(line)
             rows.append([x["members"], x["samples"], f'{x["join_us"]["median"]} us', f'{x["first_admit_us"]["median"]} us',
                          f'{x["total_us"]["median"]} us', f'{x["total_us"]["p90"]} us'])
-    return source("2026-12-01-runH-results-share-sharing.json", d["header"]) + \
+    return source(name, d["header"]) + \
         " `test/perf/bench_share_startup.cpp`: fresh forked processes join a budget that already has N members.\n\n" + \
         table(["members", "samples", "join (median)", "first admission (median)", "total (median)", "total (p90)"], rows)
 
@@ -330,7 +330,18 @@ TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": framewor
           "vmm-others-before": lambda: vmm_others("2026-12-02-runO-results-vmmpolicy.json"), "vmm-calls": vmm_calls,
           "stacks": stacks,
           "min-capacity": min_capacity}
-CLAIMS = {}
+
+
+def checks_passed(name):
+    """The "N of M checks passed" line of a run's log, and the checks that failed, as the log says."""
+    text = open(os.path.join(RUNS, name), errors="replace").read()
+    m = re.search(r"^(\d+) of (\d+) checks passed$", text, re.M)
+    failed = re.findall(r"^- FAILED: ([^:]+):", text, re.M)
+    return (f"{m.group(1)} of {m.group(2)} checks passed" + (f" (failed: {', '.join(failed)})" if failed else "")
+            + f" (docs/gpu-runs/{name})") if m else f"no check count in docs/gpu-runs/{name}"
+
+
+CLAIMS = {"vmmipc-checks": lambda: checks_passed("2026-12-02-runZ8-vmmipc-run.log")}
 # The docs run's (run_all.sh --docs): min / median / max over alternating rounds (docs_run.py).
 DOCS_RUN, docs_tables, docs_claims = docs_run.make(RUNS)
 TABLES.update(docs_tables)
@@ -338,6 +349,8 @@ CLAIMS.update(docs_claims)
 # The tables the docs run measures again come from it, once its part is kept.
 if 1 in DOCS_RUN.prefix:
     TABLES["compat-suite"] = lambda: compat_suite(DOCS_RUN.name(1, "compat.json"))
+if 4 in DOCS_RUN.prefix:
+    TABLES["docs-share-startup"] = lambda: share_startup(DOCS_RUN.name(4, "results-policies-sharing.json"))
 if 2 in DOCS_RUN.prefix:
     TABLES["frameworks"] = lambda: frameworks(DOCS_RUN.name(2, "results-compat-inflight-rounds-share.json"))
 
