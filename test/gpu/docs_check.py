@@ -126,8 +126,8 @@ def header_commit(runs_dir, name):
 
 
 def history_missing(root):
-    """Why the builds' commits cannot be compared here (no git, not a repository, or a shallow
-    clone that lacks them), or None."""
+    """Why the builds' commits may not be here to compare (no git, not a repository, a shallow
+    clone), or None."""
     try:
         p = subprocess.run(["git", "-C", root, "rev-parse", "--is-shallow-repository"], capture_output=True, text=True)
     except OSError:
@@ -140,7 +140,6 @@ def history_missing(root):
 def check_library(root, pages, runs_dir, errors):
     """Every raw file a measured page cites was made by a build whose library is HEAD's. Returns
     a reason to skip (the history needed is not here) when that is all that stops the check."""
-    missing_history = history_missing(root)
     skipped = None
     seen = {}
     for page in pages:
@@ -155,15 +154,20 @@ def check_library(root, pages, runs_dir, errors):
                 elif commit.endswith("-dirty"):
                     seen[commit] = "was built from a tree with uncommitted changes (-dirty): its library is not known"
                 else:
-                    p = subprocess.run(["git", "-C", root, "diff", "--quiet", commit, "HEAD", "--", *LIBRARY],
-                                       capture_output=True, text=True) if missing_history in (None, "the clone is shallow") else None
-                    if p is None or (p.returncode > 1 and missing_history):
+                    try:
+                        p = subprocess.run(["git", "-C", root, "diff", "--quiet", commit, "HEAD", "--", *LIBRARY],
+                                           capture_output=True, text=True)
+                        rc, err = p.returncode, p.stderr
+                    except OSError as e:
+                        rc, err = 128, str(e)
+                    why = history_missing(root) if rc > 1 else None
+                    if why:
                         seen[commit] = None
-                        skipped = f"build {commit} cannot be compared with HEAD: {missing_history or 'no history'}"
+                        skipped = f"build {commit} cannot be compared with HEAD: {why}"
                         continue
-                    seen[commit] = None if p.returncode == 0 else (
-                        f"was made by build {commit}, whose {'/, '.join(LIBRARY)}/ differ from HEAD's" if p.returncode == 1
-                        else f"names build {commit}, not a commit here ({p.stderr.strip()[:100]})")
+                    seen[commit] = None if rc == 0 else (
+                        f"was made by build {commit}, whose {'/, '.join(LIBRARY)}/ differ from HEAD's" if rc == 1
+                        else f"names build {commit}, not a commit here ({err.strip()[:100]})")
             if seen[commit]:
                 errors.append(f"{page}: quotes docs/gpu-runs/{f}, which {seen[commit]}; the measured pages quote "
                               "only runs of HEAD's library (older figures go to docs/design.md, labelled with their build)")

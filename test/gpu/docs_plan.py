@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """What `test/gpu/run_all.sh BUILD CARRY OUT --docs --part K/4` runs: everything the measured pages
 (README.md, docs/compatibility.md, docs/performance.md, docs/policies.md) quote, split in four
-device calls that each finish inside one call's 600 s, and where docs_tables.py finds the raw
-files once they are kept in docs/gpu-runs/. One home for the split: run_all.sh asks this file for
-a part's groups and settings, docs_run.py and docs_tables.py for the files' names.
+device calls that each finish inside one call's 600 s, and how a part's raw files are kept in
+docs/gpu-runs/ (docs_run.py names the ones it reads). One home for the split: run_all.sh asks
+this file for a part's groups and settings, docs_run.py for the parts.
 
   docs_plan.py groups K/N         the groups of part K (prints GROUPS, then the settings as VAR=value)
   docs_plan.py save OUT PREFIX    copy a part's OUT into docs/gpu-runs as PREFIX-FILE (folders
@@ -40,17 +40,6 @@ PARTS = [
 ]
 PART_NUMBERS = range(1, len(PARTS) + 1)
 COMMON_ENV = {"CUPOOL_GPU_ROUNDS": str(ROUNDS)}
-
-# The raw files of each part, as `save` names them (PREFIX-NAME), that docs_tables.py reads.
-FILES = {
-    1: ["header.json", "run.log", "compat.json", "compat.md", "contextless.txt"],
-    2: ["header.json", "run.log", "results-compat-inflight-rounds-share.json", "results-compat-inflight-rounds-share.md"],
-    3: ["header.json", "run.log", "results-defaultpolicy-steps.json", "results-defaultpolicy-steps.md",
-        "defaultpolicy.json"],
-    4: ["header.json", "run.log", "results-policies-sharing.json", "results-policies-sharing.md", "sharing.json"]
-       + [f"policies-round{i}-policies.json" for i in range(1, ROUNDS + 1)],
-}
-
 
 def part_of(arg):
     k, n = (int(x) for x in arg.split("/"))

@@ -35,6 +35,7 @@ import results  # test/gpu/results.py
 
 BUILD, WORKLOADS, BIN, OUT = (os.path.abspath(p) for p in sys.argv[1:5])
 ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
+TAG = "-".join(sorted(ONLY)) if ONLY else "all"  # names the results files
 SHIM = os.path.join(BUILD, "shim", "libcupool.so")
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
@@ -183,14 +184,19 @@ def run(name, cmd, env_extra=None, shim=None, timeout=150, summary=True, keep=30
     return r
 
 
+def unique_runs():
+    """Each run once, in order, however a group's code listed it (a run appended to `runs` again by
+    its group would otherwise be written twice)."""
+    return list({id(r): r for r in runs}.values())
+
+
 def save_results(complete):
     """results-<groups>.json with every run and check so far: rewritten after each run, so that a
     call cut at its time limit still brings back what it measured ("complete": false)."""
-    tag = "-".join(sorted(ONLY)) if ONLY else "all"
-    done = list({id(r): r for r in runs}.values())  # each run once, however often a group listed it
-    with open(os.path.join(OUT, f"results-{tag}.json.tmp"), "w") as f:
-        json.dump({"header": HEADER, "complete": complete, "checks": checks, "runs": done}, f, indent=1)
-    os.replace(os.path.join(OUT, f"results-{tag}.json.tmp"), os.path.join(OUT, f"results-{tag}.json"))
+    path = os.path.join(OUT, f"results-{TAG}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump({"header": HEADER, "complete": complete, "checks": checks, "runs": unique_runs()}, f, indent=1)
+    os.replace(path + ".tmp", path)
 
 
 def parse_float(pattern, text):
@@ -1186,11 +1192,8 @@ if wanted("peer"):
 
 check_transformer_losses()
 
-tag = "-".join(sorted(ONLY)) if ONLY else "all"
 save_results(complete=True)
-# Each run once, in order, however a group's code listed it (a run appended to `runs` again by its
-# group would otherwise be written twice).
-runs = list({id(r): r for r in runs}.values())
+runs = unique_runs()
 
 # ---- A short table ---------------------------------------------------------------------------
 lines = ["| run | rc | result | trace: allocs (api:path) | peak reserved |", "|---|---|---|---|---|"]
@@ -1224,7 +1227,7 @@ failed = [c for c in checks if not c["ok"]]
 summary = f"{len(checks) - len(failed)} of {len(checks)} checks passed" + "".join(
     f"\n- FAILED: {c['check']}: {c['detail']}" for c in failed)
 table = "\n".join(lines)
-open(os.path.join(OUT, f"results-{tag}.md"), "w").write(f"{head}\n\n{table}\n\n{summary}\n")
+open(os.path.join(OUT, f"results-{TAG}.md"), "w").write(f"{head}\n\n{table}\n\n{summary}\n")
 print(table)
 print(summary)
 sys.exit(1 if failed else 0)
