@@ -91,15 +91,20 @@ case "${1:-}" in
     # Suite perf holds benchmarks (timings), run on their own: meson test -C build --suite perf
     meson test -C build-test --print-errorlogs --num-processes 2 --no-suite perf || status=1
     meson test -C build-asan --print-errorlogs --num-processes 2 --no-suite slow --no-suite perf || status=1
-    # One closing line for both builds, counted from meson's own logs.
+    # Closing lines for both builds, counted from meson's own logs: every test that failed, by
+    # build and name (a log's tail may show only the second build's run), then the counts.
     python3 - build-test/meson-logs/testlog.json build-asan/meson-logs/testlog.json <<'PY'
 import json, sys
 counts = {"OK": 0, "FAIL": 0, "SKIP": 0}
 for path in sys.argv[1:]:
     for line in open(path):
-        r = json.loads(line).get("result")
+        t = json.loads(line)
+        r = t.get("result")
         key = "OK" if r in ("OK", "EXPECTEDFAIL") else "SKIP" if r == "SKIP" else "FAIL"
         counts[key] += 1
+        if key == "FAIL":
+            print(f"FAILED in {path.split('/')[0]}: {t.get('name')} ({r}, {t.get('duration', 0):.1f} s); its output's end:")
+            print("\n".join("  | " + l for l in (t.get("stdout") or "").splitlines()[-25:]))
 print(f"{counts['OK']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped")
 PY
     exit $status
