@@ -195,6 +195,15 @@ void emit(const trace::Record& record) {
   if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->record(record);
 }
 
+bool trace_full_here() {
+  TraceWriter* w = g_writer.load(std::memory_order_acquire);
+  return w != nullptr && w->full_here();
+}
+
+void drop_here() {
+  if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->drop_here();
+}
+
 std::uint32_t stack_sampling() { return g_stack_sampling; }
 
 std::uint32_t record_stack() {

@@ -41,6 +41,9 @@ class HookScope {
 bool tracing();
 std::uint64_t now_ns();
 void emit(const trace::Record& record);
+// The calling thread's trace ring is full: its next event would be dropped (TraceWriter::full_here).
+bool trace_full_here();
+void drop_here();  // one event of this thread dropped instead of emitted
 // CUPOOL_TRACE_STACKS: one allocation in this many has its stack recorded (0: none; tracing only).
 std::uint32_t stack_sampling();
 // The calling thread's stack, interned by the trace writer: the id for Record::stack (0: none).
