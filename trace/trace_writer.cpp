@@ -53,8 +53,8 @@ struct TraceWriter::Ring {
 
   alignas(64) std::atomic<std::uint64_t> head{0};  // producer
   std::uint64_t cached_tail = 0;                     // producer's last view of tail
-  // Producer counts (a load and a store: it alone writes it, and a locked add cost ~20 ns on the
-  // H200 host), writer reads.
+  // Producer counts, writer reads: a load and a store, no locked add (a full barrier), as it
+  // alone writes it.
   std::atomic<std::uint64_t> dropped{0};
   void count_drop() { dropped.store(dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 
