@@ -6,7 +6,6 @@
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -139,57 +138,6 @@ std::uint64_t SharedBudget::start_ticks_of(int pid) {
   return proc_stat(pid, &state, &start) ? start : 0;
 }
 
-int SharedBudget::make_linked(const std::string& seg_name, unsigned mode, const std::function<void(Segment&)>& set_up,
-                              void** mapping, bool* lost, std::string* why) {
-  const std::string path = "/dev/shm" + seg_name;
-  // A private name: random, since processes of other PID namespaces (containers) share /dev/shm.
-  std::string made;
-  int fd = -1;
-  for (int i = 0; i < 16 && fd < 0; ++i) {
-    std::uint64_t r = 0;
-    if (getrandom(&r, sizeof r, 0) != static_cast<ssize_t>(sizeof r)) r = now_ns() ^ (std::uint64_t{static_cast<unsigned>(getpid())} << 32) ^ static_cast<std::uint64_t>(i);
-    char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r));
-    made = "/cupool-new-" + std::string(hex);
-    const mode_t old_umask = umask(0);  // the mode asked for, whatever the umask
-    fd = shm_open(made.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-    umask(old_umask);
-    if (fd < 0 && errno != EEXIST) {
-      *why = "cannot make a budget in /dev/shm: " + std::string(std::strerror(errno));
-      return -1;
-    }
-  }
-  if (fd < 0) {
-    *why = "cannot make a budget in /dev/shm: no free name";
-    return -1;
-  }
-  auto give_up = [&](const std::string& what, int e) {
-    close(fd);
-    shm_unlink(made.c_str());
-    *why = what + ": " + std::strerror(e);
-    return -1;
-  };
-  if (ftruncate(fd, sizeof(Segment)) != 0) return give_up("cannot size " + path, errno);
-  void* p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return give_up("cannot map the shared segment", errno);
-  set_up(*static_cast<Segment*>(p));
-  ofd_lock(fd, kMembership, F_RDLCK);  // a member from the moment others can see it
-  if (link(("/dev/shm" + made).c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    munmap(p, sizeof(Segment));
-    if (e == EEXIST) {
-      close(fd);
-      shm_unlink(made.c_str());
-      *lost = true;
-      return -1;
-    }
-    return give_up("cannot link a new budget at " + path, e);
-  }
-  shm_unlink(made.c_str());
-  *mapping = p;
-  return fd;
-}
-
 std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const LimitSpec& limit, bool group,
                                                  std::string* error) {
   auto fail = [&](const std::string& why) -> std::unique_ptr<SharedBudget> {
@@ -208,49 +156,19 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
       "; cupool uses no file it did not make for you, and in the sticky /dev/shm only its owner or root can remove "
       "it: choose another CUPOOL_SHARE name (every member of the budget gives the same one), or have it removed";
   const std::string text = format_limit_spec(limit);
-  auto set_up = [&](Segment& s) {
-    std::memset(static_cast<void*>(&s), 0, sizeof(Segment));
-    s.magic = kMagic;
-    s.layout = kLayoutVersion;
-    s.max_members = kMaxMembers;
-    s.max_devices = kMaxDevices;
-    std::snprintf(s.limit, sizeof s.limit, "%s", text.c_str());
-    timespec ts{};
-    clock_gettime(CLOCK_REALTIME, &ts);
-    s.created_unix_ns =
-        static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-    s.ready.store(1, std::memory_order_release);
-  };
-  auto member = [&](int fd, void* p) {
-    std::unique_ptr<SharedBudget> b(new SharedBudget);
-    b->name_ = name;
-    b->path_ = path;
-    b->limit_ = limit;
-    b->seg_ = static_cast<Segment*>(p);
-    b->fd_ = fd;
-    b->group_ = group;
-    b->my_pid_ = getpid();
-    return b;
-  };
   // A member that leaves last may remove the segment between our open and our lock: then the
   // file we hold is unlinked (no link left), and we start again with a fresh one.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    // O_NONBLOCK: a FIFO planted at the name must not hang the open.
-    int fd = shm_open(seg_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
-    if (fd < 0 && errno == ENOENT) {
-      // No budget of that name: make one. It is set up under a name of its own and then linked
-      // at the budget's, so that whoever opens that name finds a budget ready, or nothing. (Made
-      // in place, a member starting at the same moment opened it before it was sized and set up,
-      // and refused it as "not a budget", or held the membership byte that its maker needed
-      // alone to set it up.)
-      void* p = nullptr;
-      bool lost = false;
-      std::string why;
-      fd = make_linked(seg_name, mode, set_up, &p, &lost, &why);
-      if (fd >= 0) return member(fd, p);
-      if (lost) continue;  // another member linked its own first: join that one
-      return fail(why);
+    bool created = false;
+    const mode_t old_umask = umask(0);  // the mode asked for, whatever the umask
+    int fd = shm_open(seg_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd >= 0) {
+      created = true;
+    } else if (errno == EEXIST) {
+      // O_NONBLOCK: a FIFO planted at the name must not hang the open.
+      fd = shm_open(seg_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
     }
+    umask(old_umask);
     if (fd < 0) {
       if (errno == ENOENT) continue;  // removed between the two opens
       const int e = errno;
@@ -290,12 +208,14 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
       close(fd);
       continue;
     }
-    // Alone in it (every member holds the membership byte shared): a leftover whose members are
-    // all gone (its maker may have died before it was set up). Set it up afresh, with our limit.
+    // Alone in it (every member holds the membership byte shared): set it up afresh, with our
+    // limit. That is the creator's case, and a leftover whose members are all gone (a segment
+    // whose creator died before finishing it included).
     const bool alone = ofd_lock(fd, kMembership, F_WRLCK);
     if (alone && static_cast<std::size_t>(st.st_size) != sizeof(Segment) && ftruncate(fd, sizeof(Segment)) != 0) {
       const int e = errno;
       close(fd);
+      if (created) shm_unlink(seg_name.c_str());
       return fail("cannot size " + path + ": " + std::strerror(e));
     }
     if (!alone && static_cast<std::size_t>(st.st_size) != sizeof(Segment)) {
@@ -308,10 +228,27 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
       close(fd);
       return fail(std::string("cannot map the shared segment: ") + std::strerror(e));
     }
-    std::unique_ptr<SharedBudget> b = member(fd, p);
+    std::unique_ptr<SharedBudget> b(new SharedBudget);
+    b->name_ = name;
+    b->path_ = path;
+    b->limit_ = limit;
+    b->seg_ = static_cast<Segment*>(p);
+    b->fd_ = fd;
+    b->group_ = group;
+    b->my_pid_ = getpid();
     Segment& s = *b->seg_;
     if (alone) {
-      set_up(s);
+      std::memset(static_cast<void*>(&s), 0, sizeof(Segment));
+      s.magic = kMagic;
+      s.layout = kLayoutVersion;
+      s.max_members = kMaxMembers;
+      s.max_devices = kMaxDevices;
+      std::snprintf(s.limit, sizeof s.limit, "%s", text.c_str());
+      timespec ts{};
+      clock_gettime(CLOCK_REALTIME, &ts);
+      s.created_unix_ns =
+          static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+      s.ready.store(1, std::memory_order_release);
       ofd_lock(fd, kMembership, F_RDLCK);  // back to shared: others may join now
       return b;
     }
@@ -637,11 +574,7 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   std::uint64_t last_scan = started;
   for (;;) {
     const std::uint32_t seen = seg_->released_seq.load();
-    // Claimed only when the sum leaves room: a claim is counted in `held` while it is decided,
-    // and a waiter that kept claiming in vain showed, to another waiter deciding who gives up,
-    // more than it held (the share-budget test failed so a few runs in a hundred on a loaded
-    // 2-core VM: the member holding more gave up, and the one holding less then waited for ever).
-    if (saturating_add(held_total(device), bytes) <= *b && claim(device, *b, bytes, false)) {
+    if (claim(device, *b, bytes, false)) {
       ok = true;
       break;
     }

@@ -181,11 +181,6 @@ class SharedBudget {
 
  private:
   SharedBudget() = default;
-  // A new budget's segment, set up (`set_up`) under a private name and then linked at `seg_name`:
-  // its descriptor, with the membership byte held shared, and its mapping. -1 when `*lost` (a
-  // segment is at the name already: join that one) or with `*why` (what failed).
-  static int make_linked(const std::string& seg_name, unsigned mode, const std::function<void(Segment&)>& set_up,
-                         void** mapping, bool* lost, std::string* why);
   Slot* my_slot();  // claimed at first use
   bool slot_held_by_other(int i) const;  // a live member other than this object holds slot i
   bool someone_else_waits(int device) const;  // device -1: on any device

@@ -48,11 +48,7 @@ class StreamRegistry {
   unsigned blocking_seen_ = 0;                         // blocking streams and per-thread streams
   std::atomic<bool> concurrent_{false};
 };
-// Inline: every pool-served free asks it (through DriverUpstream::needs_fences).
-inline StreamRegistry& streams() {
-  static StreamRegistry* registry = new StreamRegistry;  // never destroyed: used until exit
-  return *registry;
-}
+StreamRegistry& streams();
 
 // Stream captures in progress (cuStreamBeginCapture .. cuStreamEndCapture, on any thread).
 class CaptureRegistry {
@@ -90,10 +86,6 @@ class CaptureRegistry {
   std::mutex mutex_;
   std::vector<Capture> list_;
 };
-// Inline: every pooled allocation and free asks captures().any().
-inline CaptureRegistry& captures() {
-  static CaptureRegistry* registry = new CaptureRegistry;  // never destroyed: used until exit
-  return *registry;
-}
+CaptureRegistry& captures();
 
 }  // namespace cupool::shim
