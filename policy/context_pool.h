@@ -60,7 +60,7 @@ class ContextPool final : public ThreadCacheOwner {
   // `size`, if given, receives the freed block's size (0 if not freed); `state` as above.
   FreeResult deallocate(std::uint64_t ptr, std::size_t* size = nullptr, PoolStats* state = nullptr);
 
-  bool owns(std::uint64_t ptr) const;  // inside one of the pool's chunks (frees of it belong here); no lock
+  bool owns(std::uint64_t ptr) const;  // inside one of the pool's chunks (frees of it belong here); no lock (inline, below)
   bool block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const;  // interior too
   // The same, and the start of the upstream reservation (one driver allocation) holding it: what
   // CUDA IPC shares. Asks the driver nothing, so it works on threads with no current context.
@@ -304,5 +304,14 @@ class ContextPool final : public ThreadCacheOwner {
   std::atomic<const std::vector<Range>*> ranges_{nullptr};
   std::vector<std::unique_ptr<std::vector<Range>>> range_lists_;
 };
+
+// Inline: every free asks it, of each pool, to find the block's pool.
+inline bool ContextPool::owns(std::uint64_t ptr) const {
+  const std::vector<Range>* ranges = ranges_.load(std::memory_order_acquire);
+  if (ranges == nullptr) return false;
+  auto it = std::upper_bound(ranges->begin(), ranges->end(), ptr,
+                             [](std::uint64_t p, const Range& r) { return p < r.base; });
+  return it != ranges->begin() && ptr < std::prev(it)->end;
+}
 
 }  // namespace cupool

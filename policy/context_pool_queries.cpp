@@ -7,14 +7,6 @@
 
 namespace cupool {
 
-bool ContextPool::owns(std::uint64_t ptr) const {
-  const std::vector<Range>* ranges = ranges_.load(std::memory_order_acquire);
-  if (ranges == nullptr) return false;
-  auto it = std::upper_bound(ranges->begin(), ranges->end(), ptr,
-                             [](std::uint64_t p, const Range& r) { return p < r.base; });
-  return it != ranges->begin() && ptr < std::prev(it)->end;
-}
-
 bool ContextPool::block_range(std::uint64_t ptr, std::uint64_t* base, std::size_t* size) const {
   Lock lk(mu_);
   return sub_.block_range(ptr, base, size) && !in_a_cache_locked(*base);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "event_clock.h"
@@ -30,13 +31,6 @@ ProcessMemory::~ProcessMemory() {
 }
 
 // ---- contexts --------------------------------------------------------------------------------
-
-ContextMemory* ProcessMemory::find(std::uint64_t ctx) const {
-  const int n = slot_count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i)
-    if (slot_ctx_[i].load(std::memory_order_acquire) == ctx) return slot_[i];
-  return nullptr;
-}
 
 bool ProcessMemory::device_known(int device) const {
   const int n = slot_count_.load(std::memory_order_acquire);
@@ -84,13 +78,6 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
   return c;
 }
 
-ContextMemory* ProcessMemory::owning(std::uint64_t ptr) const {
-  const int n = slot_count_.load(std::memory_order_acquire);
-  for (int i = 0; i < n; ++i)
-    if (slot_ctx_[i].load(std::memory_order_acquire) != kDropped && slot_[i]->pool->owns(ptr)) return slot_[i];
-  return nullptr;
-}
-
 void ProcessMemory::for_each(const std::function<void(ContextMemory&)>& fn) const {
   const int n = slot_count_.load(std::memory_order_acquire);
   for (int i = 0; i < n; ++i)
@@ -135,7 +122,8 @@ void ProcessMemory::drop_if(const std::function<bool(const ContextMemory&)>& whi
 // ---- allocation ------------------------------------------------------------------------------
 
 AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state) {
-  const ShareAskScope ask;  // every budget wait of this allocation ends at one deadline
+  std::optional<ShareAskScope> ask;  // every budget wait of this allocation ends at one deadline
+  if (share_) ask.emplace();
   AllocResult r = c.pool->allocate(size, state);
   if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state);  // kept VMM mappings first
   if (r.ptr == 0) {

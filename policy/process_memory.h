@@ -85,7 +85,8 @@ class ProcessMemory {
   bool pooled() const { return cfg_.policy != PolicyKind::passthrough; }
 
   // ---- contexts
-  // The record of `ctx`, without a lock; nullptr if it has none.
+  // The record of `ctx`, without a lock; nullptr if it has none. (Inline, below, as owning():
+  // every allocation and free asks one.)
   ContextMemory* find(std::uint64_t ctx) const;
   // The record of `ctx`, made if need be: `describe` (called under the contexts' lock, at most
   // once) fills in device, primary and upstream, and returns false if it cannot. nullptr if it
@@ -367,6 +368,20 @@ bool ProcessMemory::vmm_address_free(std::uint64_t va, std::uint64_t size, Drive
   if (cache && cache->address_free(va, size) == VmmCache::Verdict::served) return true;
   driver();
   return false;
+}
+
+inline ContextMemory* ProcessMemory::find(std::uint64_t ctx) const {
+  const int n = slot_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (slot_ctx_[i].load(std::memory_order_acquire) == ctx) return slot_[i];
+  return nullptr;
+}
+
+inline ContextMemory* ProcessMemory::owning(std::uint64_t ptr) const {
+  const int n = slot_count_.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (slot_ctx_[i].load(std::memory_order_acquire) != kDropped && slot_[i]->pool->owns(ptr)) return slot_[i];
+  return nullptr;
 }
 
 }  // namespace cupool

@@ -2,10 +2,12 @@
 // admitting, giving back, waiting, and reclaiming the bytes of members that are gone.
 #include "shared_budget.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -138,6 +140,110 @@ std::uint64_t SharedBudget::start_ticks_of(int pid) {
   return proc_stat(pid, &state, &start) ? start : 0;
 }
 
+namespace {
+constexpr char kPrivatePrefix[] = "cupool-new-";  // a budget's segment while its maker sets it up
+
+// Removes the private files of makers that died before linking theirs (the named way only; an
+// unnamed file goes with its maker). A maker holds the membership byte of its private file from
+// the moment it exists, so a file whose byte this process can lock exclusively has no maker left.
+// Only this user's regular files are touched; a maker that loses its byte to this sweep before it
+// could lock it starts again under another name.
+void sweep_abandoned_private_files() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* e = readdir(dir)) {
+    if (std::strncmp(e->d_name, kPrivatePrefix, sizeof kPrivatePrefix - 1) != 0) continue;
+    const int fd = openat(dirfd(dir), e->d_name, O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+    if (fd < 0) continue;
+    struct stat held{}, named{};
+    if (fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && held.st_uid == getuid() &&
+        ofd_lock(fd, kMembership, F_WRLCK) && fstatat(dirfd(dir), e->d_name, &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+        named.st_ino == held.st_ino && named.st_dev == held.st_dev)
+      unlinkat(dirfd(dir), e->d_name, 0);
+    close(fd);
+  }
+  closedir(dir);
+}
+
+// A file at a private random name in /dev/shm (random: processes of other PID namespaces share
+// it), with its membership byte held; -1 and errno on failure.
+int open_private_file(unsigned mode, std::string* made) {
+  for (int i = 0; i < 16; ++i) {
+    std::uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != static_cast<ssize_t>(sizeof r))
+      r = now_ns() ^ (std::uint64_t{static_cast<unsigned>(getpid())} << 32) ^ static_cast<std::uint64_t>(i);
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(r));
+    *made = "/" + std::string(kPrivatePrefix) + hex;
+    const int fd = shm_open(made->c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+    if (fd < 0) {
+      if (errno == EEXIST) continue;
+      return -1;
+    }
+    if (ofd_lock(fd, kMembership, F_RDLCK)) return fd;
+    close(fd);  // a sweep took it for abandoned between our open and our lock: it removes it
+  }
+  errno = EEXIST;
+  return -1;
+}
+}  // namespace
+
+SharedBudget::MakeResult SharedBudget::make_linked(const std::string& seg_name, unsigned mode,
+                                                   const std::function<void(Segment&)>& set_up, void** mapping,
+                                                   int* fd_out, std::string* why) {
+  const std::string path = "/dev/shm" + seg_name;
+  // An unnamed file (O_TMPFILE) where /dev/shm offers one: a maker that dies before linking it
+  // leaves nothing behind. Else a private name, swept once its maker is gone.
+  std::string made;
+  int fd = open("/dev/shm", O_TMPFILE | O_RDWR | O_CLOEXEC, mode);
+  if (fd >= 0) {
+    if (!ofd_lock(fd, kMembership, F_RDLCK)) {  // nobody else can see the file: never, but say so
+      const int e = errno;
+      close(fd);
+      *why = "cannot lock a new budget's segment: " + std::string(std::strerror(e));
+      return MakeResult::failed;
+    }
+  } else {
+    sweep_abandoned_private_files();
+    fd = open_private_file(mode, &made);
+    if (fd < 0) {
+      *why = "cannot make a budget in /dev/shm: " + std::string(std::strerror(errno));
+      return MakeResult::failed;
+    }
+  }
+  auto drop = [&] {
+    close(fd);
+    if (!made.empty()) shm_unlink(made.c_str());
+  };
+  auto give_up = [&](const std::string& what, int e) {
+    drop();
+    *why = what + ": " + std::strerror(e);
+    return MakeResult::failed;
+  };
+  // fchmod, not the umask: the umask is the whole process's, and another thread may be creating
+  // a file of its own with it meanwhile.
+  if (fchmod(fd, mode) != 0) return give_up("cannot set the mode of a new budget's segment", errno);
+  if (ftruncate(fd, sizeof(Segment)) != 0) return give_up("cannot size " + path, errno);
+  void* p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) return give_up("cannot map the shared segment", errno);
+  set_up(*static_cast<Segment*>(p));
+  const int linked = made.empty() ? linkat(AT_FDCWD, ("/proc/self/fd/" + std::to_string(fd)).c_str(), AT_FDCWD,
+                                           path.c_str(), AT_SYMLINK_FOLLOW)
+                                  : link(("/dev/shm" + made).c_str(), path.c_str());
+  if (linked != 0) {
+    const int e = errno;
+    munmap(p, sizeof(Segment));
+    drop();
+    // EEXIST: another maker linked its own first; join that one. Anything else: this /dev/shm
+    // (or a sandbox's filter) allows no link, or no /proc is mounted; make it in place.
+    return e == EEXIST ? MakeResult::lost : MakeResult::no_link;
+  }
+  if (!made.empty()) shm_unlink(made.c_str());
+  *mapping = p;
+  *fd_out = fd;
+  return MakeResult::made;
+}
+
 std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const LimitSpec& limit, bool group,
                                                  std::string* error) {
   auto fail = [&](const std::string& why) -> std::unique_ptr<SharedBudget> {
@@ -156,19 +262,80 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
       "; cupool uses no file it did not make for you, and in the sticky /dev/shm only its owner or root can remove "
       "it: choose another CUPOOL_SHARE name (every member of the budget gives the same one), or have it removed";
   const std::string text = format_limit_spec(limit);
+  auto set_up = [&](Segment& s) {
+    std::memset(static_cast<void*>(&s), 0, sizeof(Segment));
+    s.magic = kMagic;
+    s.layout = kLayoutVersion;
+    s.max_members = kMaxMembers;
+    s.max_devices = kMaxDevices;
+    std::snprintf(s.limit, sizeof s.limit, "%s", text.c_str());
+    timespec ts{};
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s.created_unix_ns =
+        static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+    s.ready.store(1, std::memory_order_release);
+  };
+  auto member = [&](int fd, void* p) {
+    std::unique_ptr<SharedBudget> b(new SharedBudget);
+    b->name_ = name;
+    b->path_ = path;
+    b->limit_ = limit;
+    b->seg_ = static_cast<Segment*>(p);
+    b->fd_ = fd;
+    b->group_ = group;
+    b->my_pid_ = getpid();
+    return b;
+  };
+  bool in_place = false;  // this /dev/shm allows no link: new segments are made at their name
   // A member that leaves last may remove the segment between our open and our lock: then the
   // file we hold is unlinked (no link left), and we start again with a fresh one.
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    bool created = false;
-    const mode_t old_umask = umask(0);  // the mode asked for, whatever the umask
-    int fd = shm_open(seg_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
-    if (fd >= 0) {
-      created = true;
-    } else if (errno == EEXIST) {
-      // O_NONBLOCK: a FIFO planted at the name must not hang the open.
-      fd = shm_open(seg_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+  constexpr int kAttempts = 100;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    // O_NONBLOCK: a FIFO planted at the name must not hang the open.
+    int fd = shm_open(seg_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+    const bool missing = fd < 0 && errno == ENOENT;
+    if (missing && !in_place) {
+      // No budget of that name: make one, apart, and link it at the name when it is ready. (Made
+      // at its name, a member starting at the same moment opened it before it was sized and set
+      // up, and refused it as "not a budget".)
+      void* p = nullptr;
+      std::string why;
+      switch (make_linked(seg_name, mode, set_up, &p, &fd, &why)) {
+        case MakeResult::made: return member(fd, p);
+        case MakeResult::lost: continue;  // another member linked its own first: join that one
+        case MakeResult::failed: return fail(why);
+        case MakeResult::no_link: in_place = true; break;
+      }
     }
-    umask(old_umask);
+    if (missing) {  // and in place
+      // Made at its name, with the membership byte held exclusive until it is set up: a member
+      // that opens it meanwhile cannot take the byte and tries again. One that took the byte
+      // shared before us is alone in it then, and sets it up itself: we join it.
+      fd = shm_open(seg_name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, mode);
+      if (fd < 0 && errno == EEXIST) continue;
+      if (fd < 0) return fail("cannot make " + path + ": " + std::strerror(errno));
+      if (!ofd_lock(fd, kMembership, F_WRLCK)) {
+        close(fd);
+        continue;
+      }
+      void* p = MAP_FAILED;
+      if (fchmod(fd, mode) != 0 || ftruncate(fd, sizeof(Segment)) != 0 ||
+          (p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) {
+        const int e = errno;
+        shm_unlink(seg_name.c_str());
+        close(fd);
+        return fail("cannot set up " + path + ": " + std::strerror(e));
+      }
+      set_up(*static_cast<Segment*>(p));
+      if (!ofd_lock(fd, kMembership, F_RDLCK)) {  // our own byte, from exclusive to shared
+        const int e = errno;
+        munmap(p, sizeof(Segment));
+        shm_unlink(seg_name.c_str());
+        close(fd);
+        return fail("cannot share the membership byte of " + path + ": " + std::strerror(e));
+      }
+      return member(fd, p);
+    }
     if (fd < 0) {
       if (errno == ENOENT) continue;  // removed between the two opens
       const int e = errno;
@@ -208,18 +375,22 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
       close(fd);
       continue;
     }
-    // Alone in it (every member holds the membership byte shared): set it up afresh, with our
-    // limit. That is the creator's case, and a leftover whose members are all gone (a segment
-    // whose creator died before finishing it included).
+    // Alone in it (every member holds the membership byte shared): a leftover whose members are
+    // all gone (its maker may have died before it was set up). Set it up afresh, with our limit.
     const bool alone = ofd_lock(fd, kMembership, F_WRLCK);
     if (alone && static_cast<std::size_t>(st.st_size) != sizeof(Segment) && ftruncate(fd, sizeof(Segment)) != 0) {
       const int e = errno;
       close(fd);
-      if (created) shm_unlink(seg_name.c_str());
       return fail("cannot size " + path + ": " + std::strerror(e));
     }
     if (!alone && static_cast<std::size_t>(st.st_size) != sizeof(Segment)) {
+      // Other members hold it and it is not a segment yet: made in place and being set up by one
+      // of them (a moment), or not a budget at all (refused, once the moment is up).
       close(fd);
+      if (attempt + 1 < kAttempts) {
+        usleep(1000);
+        continue;
+      }
       return fail(path + " is not a budget of this cupool version (" + std::to_string(st.st_size) + " bytes)");
     }
     void* p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -228,28 +399,12 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
       close(fd);
       return fail(std::string("cannot map the shared segment: ") + std::strerror(e));
     }
-    std::unique_ptr<SharedBudget> b(new SharedBudget);
-    b->name_ = name;
-    b->path_ = path;
-    b->limit_ = limit;
-    b->seg_ = static_cast<Segment*>(p);
-    b->fd_ = fd;
-    b->group_ = group;
-    b->my_pid_ = getpid();
+    std::unique_ptr<SharedBudget> b = member(fd, p);
     Segment& s = *b->seg_;
     if (alone) {
-      std::memset(static_cast<void*>(&s), 0, sizeof(Segment));
-      s.magic = kMagic;
-      s.layout = kLayoutVersion;
-      s.max_members = kMaxMembers;
-      s.max_devices = kMaxDevices;
-      std::snprintf(s.limit, sizeof s.limit, "%s", text.c_str());
-      timespec ts{};
-      clock_gettime(CLOCK_REALTIME, &ts);
-      s.created_unix_ns =
-          static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-      s.ready.store(1, std::memory_order_release);
-      ofd_lock(fd, kMembership, F_RDLCK);  // back to shared: others may join now
+      set_up(s);
+      if (!ofd_lock(fd, kMembership, F_RDLCK))  // our own byte, back to shared: others may join now
+        return fail("cannot share the membership byte of " + path + ": " + std::strerror(errno));
       return b;
     }
     // Another member set it up before it let us take the membership byte.
@@ -263,7 +418,7 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
                   ", given by its members running now; every member of a budget gives the same limit");
     return b;
   }
-  return fail(path + " was removed and made again 100 times while joining; try again");
+  return fail(path + " was removed and made again " + std::to_string(kAttempts) + " times while joining; try again");
 }
 
 std::unique_ptr<SharedBudget> SharedBudget::observe(const std::string& segment_path, std::string* error) {
@@ -574,7 +729,11 @@ bool SharedBudget::admit(int device, std::uint64_t device_total, std::uint64_t b
   std::uint64_t last_scan = started;
   for (;;) {
     const std::uint32_t seen = seg_->released_seq.load();
-    if (claim(device, *b, bytes, false)) {
+    // Claimed only when the sum leaves room: a claim is counted in `held` while it is decided,
+    // and a waiter that kept claiming in vain showed, to another waiter deciding who gives up,
+    // more than it held (the share-budget test failed so a few runs in a hundred on a loaded
+    // 2-core VM: the member holding more gave up, and the one holding less then waited for ever).
+    if (saturating_add(held_total(device), bytes) <= *b && claim(device, *b, bytes, false)) {
       ok = true;
       break;
     }

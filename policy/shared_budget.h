@@ -181,6 +181,13 @@ class SharedBudget {
 
  private:
   SharedBudget() = default;
+  // A new budget's segment, set up (`set_up`) apart and then linked at `seg_name`, so that whoever
+  // opens that name finds a budget ready, or nothing. made: `*fd` (the membership byte held
+  // shared) and `*mapping`. lost: a segment is at the name already (join that one). no_link: this
+  // /dev/shm allows no link (make it in place). failed: `*why` says what failed.
+  enum class MakeResult { made, lost, no_link, failed };
+  static MakeResult make_linked(const std::string& seg_name, unsigned mode, const std::function<void(Segment&)>& set_up,
+                                void** mapping, int* fd, std::string* why);
   Slot* my_slot();  // claimed at first use
   bool slot_held_by_other(int i) const;  // a live member other than this object holds slot i
   bool someone_else_waits(int device) const;  // device -1: on any device

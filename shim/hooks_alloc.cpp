@@ -105,7 +105,7 @@ typename Api::Code allocate_outside_hook(Path path, const char* api, Out* out, s
     key = address(*out);
     return r;
   });
-  ev.r.device = static_cast<std::int16_t>(where.device);
+  ev.device(where.device);
   ev.done(rc, bytes, rc == Api::ok ? key : 0, where.cp);
   return rc;
 }
@@ -140,7 +140,7 @@ typename Api::Code allocate_hook(Path path, Ptr* out, std::size_t* pitch, std::u
     } else {
       Api::refused_here();
       rc = Api::out_of_memory;
-      ev.r.oom_class = r.oom;
+      ev.oom(r.oom);
     }
     ev.done(rc, bytes, r.ptr, cp);
     return rc;
@@ -158,7 +158,7 @@ typename Api::Code free_outside_hook(Path path, const char* api, std::uint64_t k
   ContextMemory* owner = nullptr;
   int device = -1;
   if (rc == Api::ok) forget_outside(key, &bytes, &owner, &device);
-  ev.r.device = static_cast<std::int16_t>(device);
+  ev.device(device);
   ev.done(rc, bytes, key, owner);
   return rc;
 }
@@ -186,7 +186,7 @@ typename Api::Code free_any(Path path, const char* api, std::uint64_t ptr, RealF
   ContextMemory* owner = nullptr;
   int device = -1;
   if (rc == Api::ok) forget_outside(ptr, &bytes, &owner, &device);
-  ev.r.device = static_cast<std::int16_t>(device);
+  ev.device(device);
   ev.done(rc, bytes, ptr, owner);
   return rc;
 }
@@ -326,8 +326,10 @@ namespace impl {
 // ---- Runtime ----------------------------------------------------------------------------
 
 cudaError_t cudaMalloc(Path path, void** devPtr, size_t size) {
-  auto real = CUPOOL_REAL(cudaMalloc);
-  auto call = [&] { return real ? real(devPtr, size) : RuntimeApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cudaMalloc);
+    return real ? real(devPtr, size) : RuntimeApi::no_library;
+  };
   return outermost(devPtr != nullptr, call, [&] {
     return allocate_hook<MemoryApi::cudaMalloc, RuntimeApi>(path, devPtr, nullptr, size, 0, true, runtime_pool(),
                                                             call);
@@ -335,8 +337,10 @@ cudaError_t cudaMalloc(Path path, void** devPtr, size_t size) {
 }
 
 cudaError_t cudaMallocPitch(Path path, void** devPtr, size_t* pitch, size_t width, size_t height) {
-  auto real = CUPOOL_REAL(cudaMallocPitch);
-  auto call = [&] { return real ? real(devPtr, pitch, width, height) : RuntimeApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cudaMallocPitch);
+    return real ? real(devPtr, pitch, width, height) : RuntimeApi::no_library;
+  };
   return outermost(devPtr != nullptr && pitch != nullptr, call, [&] {
     const std::uint64_t row = round_pitch(width);
     return allocate_hook<MemoryApi::cudaMallocPitch, RuntimeApi>(path, devPtr, pitch, row * height, row,
@@ -345,8 +349,10 @@ cudaError_t cudaMallocPitch(Path path, void** devPtr, size_t* pitch, size_t widt
 }
 
 cudaError_t cudaMallocManaged(Path path, void** devPtr, size_t size, unsigned int flags) {
-  auto real = CUPOOL_REAL(cudaMallocManaged);
-  auto call = [&] { return real ? real(devPtr, size, flags) : RuntimeApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cudaMallocManaged);
+    return real ? real(devPtr, size, flags) : RuntimeApi::no_library;
+  };
   return outermost(devPtr != nullptr, call, [&] {
     return allocate_hook<MemoryApi::cudaMallocManaged, RuntimeApi>(path, devPtr, nullptr, size, 0, true,
                                                                    runtime_pool(), call);
@@ -379,8 +385,10 @@ cudaError_t cudaFreeAsync_ptsz(Path path, void* devPtr, cudaStream_t stream) {
 }
 
 cudaError_t cudaFree(Path path, void* devPtr) {
-  auto real = CUPOOL_REAL(cudaFree);
-  auto call = [&] { return real ? real(devPtr) : RuntimeApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cudaFree);
+    return real ? real(devPtr) : RuntimeApi::no_library;
+  };
   // cudaFree(NULL) only initialises the runtime: not an event.
   return outermost(devPtr != nullptr, call, [&] {
     return free_any<RuntimeApi>(path, "cudaFree", address(devPtr), call,
@@ -389,16 +397,20 @@ cudaError_t cudaFree(Path path, void* devPtr) {
 }
 
 cudaError_t cudaMemGetInfo(Path path, size_t* free, size_t* total) {
-  auto real = CUPOOL_REAL(cudaMemGetInfo);
-  auto call = [&] { return real ? real(free, total) : RuntimeApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cudaMemGetInfo);
+    return real ? real(free, total) : RuntimeApi::no_library;
+  };
   return outermost(true, call, [&] { return mem_info_hook<RuntimeApi>(path, "cudaMemGetInfo", free, total, runtime_pool(), call); });
 }
 
 // ---- Driver -----------------------------------------------------------------------------
 
 CUresult cuMemAlloc_v2(Path path, CUdeviceptr* dptr, size_t bytesize) {
-  auto real = CUPOOL_REAL(cuMemAlloc_v2);
-  auto call = [&] { return real ? real(dptr, bytesize) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuMemAlloc_v2);
+    return real ? real(dptr, bytesize) : DriverApi::no_library;
+  };
   return outermost(dptr != nullptr, call, [&] {
     return allocate_hook<MemoryApi::cuMemAlloc_v2, DriverApi>(path, dptr, nullptr, bytesize, 0, true,
                                                               DriverApi::context(bytesize), call);
@@ -407,8 +419,10 @@ CUresult cuMemAlloc_v2(Path path, CUdeviceptr* dptr, size_t bytesize) {
 
 CUresult cuMemAllocPitch_v2(Path path, CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
                             unsigned int elementSize) {
-  auto real = CUPOOL_REAL(cuMemAllocPitch_v2);
-  auto call = [&] { return real ? real(dptr, pitch, width, height, elementSize) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuMemAllocPitch_v2);
+    return real ? real(dptr, pitch, width, height, elementSize) : DriverApi::no_library;
+  };
   return outermost(dptr != nullptr && pitch != nullptr, call, [&] {
     const std::uint64_t row = round_pitch(width);
     const bool valid_element = elementSize == 4 || elementSize == 8 || elementSize == 16;
@@ -418,8 +432,10 @@ CUresult cuMemAllocPitch_v2(Path path, CUdeviceptr* dptr, size_t* pitch, size_t 
 }
 
 CUresult cuMemFree_v2(Path path, CUdeviceptr dptr) {
-  auto real = CUPOOL_REAL(cuMemFree_v2);
-  auto call = [&] { return real ? real(dptr) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuMemFree_v2);
+    return real ? real(dptr) : DriverApi::no_library;
+  };
   return outermost(dptr != 0, call, [&] {
     return free_any<DriverApi>(path, "cuMemFree_v2", dptr, call,
                                [](ContextMemory* cp) { return driver_upstream(*cp).refuse_as_capture_does(); });
@@ -427,8 +443,10 @@ CUresult cuMemFree_v2(Path path, CUdeviceptr dptr) {
 }
 
 CUresult cuMemAllocManaged(Path path, CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
-  auto real = CUPOOL_REAL(cuMemAllocManaged);
-  auto call = [&] { return real ? real(dptr, bytesize, flags) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuMemAllocManaged);
+    return real ? real(dptr, bytesize, flags) : DriverApi::no_library;
+  };
   return outermost(dptr != nullptr, call, [&] {
     return allocate_hook<MemoryApi::cuMemAllocManaged, DriverApi>(path, dptr, nullptr, bytesize, 0, true,
                                                                   driver_pool(), call);
@@ -436,8 +454,10 @@ CUresult cuMemAllocManaged(Path path, CUdeviceptr* dptr, size_t bytesize, unsign
 }
 
 CUresult cuMemGetInfo_v2(Path path, size_t* free, size_t* total) {
-  auto real = CUPOOL_REAL(cuMemGetInfo_v2);
-  auto call = [&] { return real ? real(free, total) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuMemGetInfo_v2);
+    return real ? real(free, total) : DriverApi::no_library;
+  };
   return outermost(true, call, [&] { return mem_info_hook<DriverApi>(path, "cuMemGetInfo_v2", free, total, driver_pool(), call); });
 }
 
@@ -495,8 +515,10 @@ CUresult cuMemFreeAsync_ptsz(Path path, CUdeviceptr dptr, CUstream stream) {
 // reaches the program as the runtime's own cudaErrorMemoryAllocation, last error included.
 
 CUresult cuArrayCreate_v2(Path path, CUarray* handle, const CUDA_ARRAY_DESCRIPTOR* desc) {
-  auto real = CUPOOL_REAL(cuArrayCreate_v2);
-  auto call = [&] { return real ? real(handle, desc) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuArrayCreate_v2);
+    return real ? real(handle, desc) : DriverApi::no_library;
+  };
   const std::uint64_t bytes = desc ? array_bytes(desc->Width, desc->Height, 0, desc->Format, desc->NumChannels, 1) : 0;
   return outermost(handle != nullptr, call, [&] {
     return allocate_hook<MemoryApi::cuArrayCreate_v2, DriverApi>(path, handle, nullptr, bytes, 0, true, driver_pool(),
@@ -505,8 +527,10 @@ CUresult cuArrayCreate_v2(Path path, CUarray* handle, const CUDA_ARRAY_DESCRIPTO
 }
 
 CUresult cuArray3DCreate_v2(Path path, CUarray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc) {
-  auto real = CUPOOL_REAL(cuArray3DCreate_v2);
-  auto call = [&] { return real ? real(handle, desc) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuArray3DCreate_v2);
+    return real ? real(handle, desc) : DriverApi::no_library;
+  };
   // An array made for deferred mapping has no memory of its own until the program maps some.
   const bool deferred = desc && (desc->Flags & CUDA_ARRAY3D_DEFERRED_MAPPING);
   const std::uint64_t bytes = desc && !deferred ? array3d_bytes(*desc, 1) : 0;
@@ -518,8 +542,10 @@ CUresult cuArray3DCreate_v2(Path path, CUarray* handle, const CUDA_ARRAY3D_DESCR
 
 CUresult cuMipmappedArrayCreate(Path path, CUmipmappedArray* handle, const CUDA_ARRAY3D_DESCRIPTOR* desc,
                                 unsigned int levels) {
-  auto real = CUPOOL_REAL(cuMipmappedArrayCreate);
-  auto call = [&] { return real ? real(handle, desc, levels) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuMipmappedArrayCreate);
+    return real ? real(handle, desc, levels) : DriverApi::no_library;
+  };
   const bool deferred = desc && (desc->Flags & CUDA_ARRAY3D_DEFERRED_MAPPING);
   const std::uint64_t bytes = desc && !deferred ? array3d_bytes(*desc, levels) : 0;
   return outermost(handle != nullptr, call, [&] {
@@ -529,14 +555,18 @@ CUresult cuMipmappedArrayCreate(Path path, CUmipmappedArray* handle, const CUDA_
 }
 
 CUresult cuArrayDestroy(Path path, CUarray handle) {
-  auto real = CUPOOL_REAL(cuArrayDestroy);
-  auto call = [&] { return real ? real(handle) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuArrayDestroy);
+    return real ? real(handle) : DriverApi::no_library;
+  };
   return outermost(true, call, [&] { return free_outside_hook<DriverApi>(path, "cuArrayDestroy", address(handle), call); });
 }
 
 CUresult cuMipmappedArrayDestroy(Path path, CUmipmappedArray handle) {
-  auto real = CUPOOL_REAL(cuMipmappedArrayDestroy);
-  auto call = [&] { return real ? real(handle) : DriverApi::no_library; };
+  auto call = [&] {
+    auto real = CUPOOL_REAL(cuMipmappedArrayDestroy);
+    return real ? real(handle) : DriverApi::no_library;
+  };
   return outermost(true, call, [&] {
     return free_outside_hook<DriverApi>(path, "cuMipmappedArrayDestroy", address(handle), call);
   });

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "cuda_api.h"
 #include "event_clock.h"
@@ -38,12 +39,20 @@ inline bool stack_sampled(std::uint32_t every) {
   return x % every == 0;
 }
 
-// One event, timed from construction; emitted only when tracing.
-struct HookEvent {
-  trace::Record r;
-  bool on = tracing();
+// One event, timed from construction; emitted only when tracing (its record is built only then:
+// the pair of a pool hit is ~60 ns, and zeroing a record for nothing was a few of them). When the
+// thread's trace ring is full the event would be dropped anyway: it is counted as dropped, and
+// neither timed nor filled in (on the H200 host a stamp costs ~30 ns, and a program that
+// allocates faster than the writer writes makes most of its calls in that state).
+class HookEvent {
+ public:
   HookEvent(trace::EventKind kind, const char* api, trace::Path path) {
-    if (!on) return;
+    if (!tracing()) return;
+    if (trace_full_here()) [[unlikely]] {
+      dropped_ = true;
+      return;
+    }
+    trace::Record& r = r_.emplace();
     r.t_ns = EventClock::stamp();  // converted by the trace writer, off this thread
     r.stamped = true;
     r.kind = kind;
@@ -52,17 +61,37 @@ struct HookEvent {
   }
   // Where the pool writes its state after serving the call (nothing when not tracing).
   trace::PoolState* pool_state() {
-    if (!on) return nullptr;
-    r.has_pool = true;
-    return &r.pool;
+    if (!r_) return nullptr;
+    r_->has_pool = true;
+    return &r_->pool;
   }
   void stream(const void* s) {
-    r.has_stream = true;
-    r.stream = reinterpret_cast<std::uintptr_t>(s);
+    if (!r_) return;
+    r_->has_stream = true;
+    r_->stream = reinterpret_cast<std::uintptr_t>(s);
   }
-  // The pool state, if the pool served the call, is already in r.pool (has_pool set).
+  void device(int d) {
+    if (r_) r_->device = static_cast<std::int16_t>(d);
+  }
+  void oom(OomClass c) {
+    if (r_) r_->oom_class = c;
+  }
+  void recycled() {  // served by cupool's VMM mapping cache
+    if (r_) r_->recycled = true;
+  }
+  void mapped(std::uint64_t handle, std::uint64_t offset) {  // cuMemMap: what is mapped, and where in it
+    if (!r_) return;
+    r_->has_handle = true;
+    r_->handle = handle;
+    r_->offset = offset;
+  }
+  // The pool state, if the pool served the call, is already in the record (has_pool set).
   void done(int rc, std::uint64_t size, std::uint64_t ptr, const ContextMemory* cp) {
-    if (!on) return;
+    if (!r_) {
+      if (dropped_) drop_here();
+      return;
+    }
+    trace::Record& r = *r_;
     if (r.has_pool && r.pool.cache_delta != 0)  // the thread's cache served it: timed 1 in kCacheTimingSample
       r.timed_for = sampled() ? trace::kCacheTimingSample : 0;
     if (r.timed_for != 0) {
@@ -87,6 +116,10 @@ struct HookEvent {
     if (cp) r.device = static_cast<std::int16_t>(cp->device);
     emit(r);
   }
+
+ private:
+  std::optional<trace::Record> r_;
+  bool dropped_ = false;
 };
 
 inline ProcessMemory& memory() { return process_memory(); }

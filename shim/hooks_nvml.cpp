@@ -116,7 +116,7 @@ nvmlReturn_t memory_info_hook(Path path, const char* api, HookId id, nvmlDevice_
       if constexpr (std::is_same_v<Memory, nvmlMemory_v2_t>) out->reserved = 0;
     }
   }
-  if (cp == nullptr && cuda_device >= 0) ev.r.device = static_cast<std::int16_t>(cuda_device);
+  if (cp == nullptr && cuda_device >= 0) ev.device(cuda_device);
   ev.done(rc, rc == NVML_SUCCESS ? out->free : 0, 0, cp);
   return rc;
 }

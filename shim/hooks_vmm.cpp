@@ -79,11 +79,11 @@ CUresult cuMemCreate(Path path, CUmemGenericAllocationHandle* handle, size_t siz
       });
   if (recycled) {
     *handle = h;
-    ev.r.recycled = true;
+    ev.recycled();
     ev.done(CUDA_SUCCESS, size, h, cp);
     return CUDA_SUCCESS;
   }
-  ev.r.device = static_cast<std::int16_t>(where.device);
+  ev.device(where.device);
   ev.done(rc, size, h, cp);
   return rc;
 }
@@ -106,11 +106,11 @@ CUresult cuMemRelease(Path path, CUmemGenericAllocationHandle handle) {
       },
       &bytes, &owner, &device);
   if (kept) {
-    ev.r.recycled = true;  // kept, and still charged, until it is reused or given back
+    ev.recycled();  // kept, and still charged, until it is reused or given back
     ev.done(CUDA_SUCCESS, bytes, handle, driver_pool());
     return CUDA_SUCCESS;
   }
-  ev.r.device = static_cast<std::int16_t>(device);
+  ev.device(device);
   ev.done(rc, bytes, handle, owner);
   return rc;
 }
@@ -126,17 +126,13 @@ CUresult vmm_range_call(Path path, EventKind kind, const char* api, CUdeviceptr 
   if (!scope.outermost()) return call();
   initialize();
   HookEvent ev(kind, api, path);
-  if (mapped) {  // cuMemMap: what is mapped, so that replay can run the mapping cache
-    ev.r.has_handle = true;
-    ev.r.handle = *mapped;
-    ev.r.offset = offset;
-  }
+  if (mapped) ev.mapped(*mapped, offset);  // cuMemMap: so that replay can run the mapping cache
   CUresult rc = CUDA_SUCCESS;
   if (run([&] {
         rc = call();
         return rc == CUDA_SUCCESS;
       }))
-    ev.r.recycled = true;
+    ev.recycled();
   ev.done(rc, size, ptr, driver_pool());
   return rc;
 }
@@ -195,7 +191,7 @@ CUresult cuMemAddressReserve(Path path, CUdeviceptr* ptr, size_t size, size_t al
                                                  });
   if (recycled) {
     *ptr = out;
-    ev.r.recycled = true;
+    ev.recycled();
   }
   ev.done(rc, size, out, driver_pool());
   return rc;

@@ -32,16 +32,23 @@ namespace cupool::shim {
 
 thread_local int HookScope::depth_ = 0;
 
+namespace detail {
+std::atomic<TraceWriter*> g_writer{nullptr};
+ProcessMemory* g_memory = nullptr;  // never destroyed: hooks may run during exit
+std::atomic<int> g_active{0};       // an InitState
+}  // namespace detail
+using detail::g_active;
+using detail::g_memory;
+using detail::g_writer;
+
 namespace {
 
 enum InitState : int { kUninitialized = 0, kInitializing = 1, kReady = 2 };
 std::atomic<int> g_init{kUninitialized};
 std::atomic<bool> g_exiting{false};
 Config* g_config = nullptr;                     // never destroyed: hooks may run during exit
-std::atomic<TraceWriter*> g_writer{nullptr};
 std::uint32_t g_stack_sampling = 0;  // set once at load, before any hook runs
 
-ProcessMemory* g_memory = nullptr;  // never destroyed: hooks may run during exit
 
 // The real calls the VMM mapping cache makes itself: giving a kept mapping back, or making the
 // driver's state match what the program believes.
@@ -169,15 +176,13 @@ void run_once(std::atomic<int>& state, void (*once)()) {
   waiting = false;
 }
 
-std::atomic<int> g_active{kUninitialized};
-
 __attribute__((constructor)) void initialize_at_load() { run_once(g_init, load_once); }
 
 }  // namespace
 
-void initialize() {
-  if (g_active.load(std::memory_order_acquire) == kReady) [[likely]]
-    return;
+static_assert(kReady == detail::kActive);
+
+void detail::initialize_slow() {
   run_once(g_init, load_once);
   run_once(g_active, activate_once);
 }
@@ -187,12 +192,19 @@ bool reached_cuda() { return g_active.load(std::memory_order_acquire) == kReady;
 const Config& config() { return *g_config; }
 bool exiting() { return g_exiting.load(std::memory_order_acquire); }
 
-bool tracing() { return g_writer.load(std::memory_order_relaxed) != nullptr; }
-
 std::uint64_t now_ns() { return EventClock::now(); }
 
 void emit(const trace::Record& record) {
   if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->record(record);
+}
+
+bool trace_full_here() {
+  TraceWriter* w = g_writer.load(std::memory_order_acquire);
+  return w != nullptr && w->full_here();
+}
+
+void drop_here() {
+  if (TraceWriter* w = g_writer.load(std::memory_order_acquire)) w->drop_here();
 }
 
 std::uint32_t stack_sampling() { return g_stack_sampling; }
@@ -204,7 +216,6 @@ std::uint32_t record_stack() {
   return w->intern_stack(pcs, capture_stack(pcs, StackTable::kMaxFrames));
 }
 
-ProcessMemory& process_memory() { return *g_memory; }
 
 namespace {
 
@@ -248,17 +259,7 @@ bool describe_context(CUcontext ctx, ContextMemory& cp, CUresult* rc) {
 
 ContextMemory* existing_pool(CUcontext ctx) { return ctx ? g_memory->find(key_of(ctx)) : nullptr; }
 
-ContextMemory* current_pool(CUresult* rc) {
-  const DriverCalls& d = driver();
-  if (!d.ok) {
-    *rc = CUDA_ERROR_NOT_INITIALIZED;
-    return nullptr;
-  }
-  CUcontext ctx = nullptr;
-  if (CUresult r = d.ctx_get_current(&ctx); r != CUDA_SUCCESS || ctx == nullptr) {
-    *rc = r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_CONTEXT;
-    return nullptr;
-  }
+ContextMemory* current_pool_new(CUcontext ctx, CUresult* rc) {
   if (ContextMemory* cp = g_memory->find(key_of(ctx))) return cp;
   *rc = CUDA_ERROR_OUT_OF_MEMORY;  // unless describe_context says otherwise
   ContextMemory* cp = g_memory->find_or_add(key_of(ctx), [&](ContextMemory& fresh) { return describe_context(ctx, fresh, rc); });
@@ -275,7 +276,6 @@ void synchronize_all_pools() {
   g_memory->for_each([](ContextMemory& cp) { driver_upstream(cp).synchronize(); });
 }
 
-ContextMemory* pool_owning(std::uint64_t ptr) { return g_memory->owning(ptr); }
 
 namespace {
 // Before a context's memory is forgotten: its upstream makes no more driver calls, and the trace

@@ -72,11 +72,6 @@ void StreamRegistry::child_after_fork() {
   mutex_.unlock();
 }
 
-StreamRegistry& streams() {
-  static StreamRegistry* registry = new StreamRegistry;  // never destroyed: used until exit
-  return *registry;
-}
-
 // ---- CaptureRegistry ---------------------------------------------------------------------------
 
 void CaptureRegistry::begun(CUstream stream, CUcontext ctx, CUstreamCaptureMode mode, bool blocking) {
@@ -136,11 +131,6 @@ void CaptureRegistry::child_after_fork() {
   list_.clear();
   active_.store(0, std::memory_order_release);
   mutex_.unlock();
-}
-
-CaptureRegistry& captures() {
-  static CaptureRegistry* registry = new CaptureRegistry;  // never destroyed: used until exit
-  return *registry;
 }
 
 }  // namespace cupool::shim

@@ -48,7 +48,11 @@ class StreamRegistry {
   unsigned blocking_seen_ = 0;                         // blocking streams and per-thread streams
   std::atomic<bool> concurrent_{false};
 };
-StreamRegistry& streams();
+// Inline: every pool-served free asks it (through DriverUpstream::needs_fences).
+inline StreamRegistry& streams() {
+  static StreamRegistry* registry = new StreamRegistry;  // never destroyed: used until exit
+  return *registry;
+}
 
 // Stream captures in progress (cuStreamBeginCapture .. cuStreamEndCapture, on any thread).
 class CaptureRegistry {
@@ -86,6 +90,10 @@ class CaptureRegistry {
   std::mutex mutex_;
   std::vector<Capture> list_;
 };
-CaptureRegistry& captures();
+// Inline: every pooled allocation and free asks captures().any().
+inline CaptureRegistry& captures() {
+  static CaptureRegistry* registry = new CaptureRegistry;  // never destroyed: used until exit
+  return *registry;
+}
 
 }  // namespace cupool::shim

@@ -53,10 +53,14 @@ struct TraceWriter::Ring {
 
   alignas(64) std::atomic<std::uint64_t> head{0};  // producer
   std::uint64_t cached_tail = 0;                     // producer's last view of tail
-  std::atomic<std::uint64_t> dropped{0};             // producer counts, writer reads
+  // Producer counts, writer reads: a load and a store, no locked add (a full barrier), as it
+  // alone writes it.
+  std::atomic<std::uint64_t> dropped{0};
+  void count_drop() { dropped.store(dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
 
   alignas(64) std::atomic<std::uint64_t> tail{0};  // consumer
   std::uint64_t dropped_reported = 0;              // consumer
+  std::uint64_t corrupt = 0;                       // consumer: slots it could not write, not yet reported
 
   alignas(64) std::atomic<std::uint32_t> refs{2};  // the thread and the writer
   std::atomic<bool> dead{false};                   // the thread let go: drain, then free
@@ -348,7 +352,7 @@ void TraceWriter::record(const trace::Record& record) {
   if (head - ring->cached_tail > ring->mask) [[unlikely]] {
     ring->cached_tail = ring->tail.load(std::memory_order_acquire);
     if (head - ring->cached_tail > ring->mask) {
-      ring->dropped.fetch_add(1, std::memory_order_relaxed);
+      ring->count_drop();
       return;
     }
   }
@@ -356,6 +360,22 @@ void TraceWriter::record(const trace::Record& record) {
   ring->head.store(head + 1, std::memory_order_release);
   if (((head + 1) & ring->wake_mask) == 0) [[unlikely]]
     wake_writer();
+}
+
+bool TraceWriter::full_here() {
+  if (t_cache.writer_id != id_) return false;  // no ring yet: record() makes one
+  Ring* ring = t_cache.ring;
+  const std::uint64_t head = ring->head.load(std::memory_order_relaxed);
+  if (head - ring->cached_tail <= ring->mask) [[likely]]
+    return false;
+  ring->cached_tail = ring->tail.load(std::memory_order_acquire);
+  return head - ring->cached_tail > ring->mask;
+}
+
+void TraceWriter::drop_here() {
+  if (closed_.load(std::memory_order_relaxed) || t_cache.writer_id != id_) [[unlikely]]
+    return;
+  t_cache.ring->count_drop();
 }
 
 TraceWriter::Ring* TraceWriter::register_thread() {
@@ -499,7 +519,7 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
     const auto oom = static_cast<std::size_t>(r.oom_class);
     if (kind >= trace::kEventKindNames.size() || path >= trace::kPathNames.size() ||
         oom >= trace::kOomClassNames.size()) {
-      ring.dropped.fetch_add(1, std::memory_order_relaxed);  // corrupt: counted, never a broken line
+      ++ring.corrupt;  // counted as dropped, never a broken line
       continue;
     }
     if (r.tid == 0) r.tid = ring.tid;
@@ -518,9 +538,10 @@ bool TraceWriter::drain_ring_locked(Ring& ring) {
   ring.tail.store(tail, std::memory_order_release);
 
   const std::uint64_t dropped = ring.dropped.load(std::memory_order_relaxed);
-  if (dropped != ring.dropped_reported) {
+  if (dropped != ring.dropped_reported || ring.corrupt != 0) {
     if (buf_used_ + kMaxLine > kBufferSize) write_buffer_locked();
-    const std::uint64_t count = dropped - ring.dropped_reported;
+    const std::uint64_t count = dropped - ring.dropped_reported + ring.corrupt;
+    ring.corrupt = 0;
     char* p = fmt::format_to(buf_.get() + buf_used_, R"({{"type":"{}","{}":{},"{}":{},"{}":{}}})" "\n",
                              trace::line::drop, tk::t, EventClock::now(), tk::tid, ring.tid, trace::drop_key::count,
                              count);

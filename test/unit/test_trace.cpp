@@ -506,6 +506,41 @@ TEST_CASE("stamped events are written in CLOCK_MONOTONIC nanoseconds", "[trace]"
   CHECK(f.dur_ns >= 2'000'000);
 }
 
+// The hooks' way (shim/hooks_memory.h): an event is built and timed only if the thread's ring has
+// room (full_here), else counted with drop_here. What is lost is still counted, line by line.
+TEST_CASE("events a hook drops at a full ring are counted as dropped", "[trace]") {
+  TempDir dir;
+  auto w = open_writer(trace_config(dir.path + "/t.jsonl", /*ring=*/4));
+  w->set_writer_delay_for_testing(20'000'000);  // the writer falls far behind
+  constexpr std::uint32_t kThreads = 4;
+  constexpr std::uint64_t kPerThread = 3000;
+  std::atomic<std::uint64_t> skipped{0};
+  std::vector<std::thread> threads;
+  for (std::uint32_t t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (std::uint64_t i = 0; i < kPerThread; ++i) {
+        if (w->full_here()) {
+          w->drop_here();
+          skipped.fetch_add(1);
+        } else {
+          w->record(make_record(t, i));
+        }
+      }
+    });
+  for (auto& th : threads) th.join();
+  w->close();
+
+  std::unique_ptr<TraceReader> reader;
+  std::ifstream in;
+  const auto events = read_all(w->path(), &reader, &in);
+  REQUIRE(reader->footer());
+  CHECK(skipped.load() > 0);  // the rings did fill
+  CHECK(reader->dropped() >= skipped.load());
+  CHECK(reader->footer()->dropped == reader->dropped());
+  CHECK(events.size() + reader->dropped() == kThreads * kPerThread);  // nothing lost silently
+  CHECK(w->stats().dropped == reader->dropped());
+}
+
 TEST_CASE("a full ring drops events, counts them, and says so", "[trace]") {
   TempDir dir;
   auto w = open_writer(trace_config(dir.path + "/t.jsonl", /*ring=*/4));
