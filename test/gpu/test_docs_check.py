@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """docs_check.py on a small page and raw file (test/gpu/fixtures/docs_check): the page as it is
 passes; changing a number, a ratio or a comparative word in it, in the claim or in the prose
-around it, makes the check fail."""
+around it, makes the check fail. Then the lag lines and the builds' names, in a small git
+repository (lag_check)."""
 import json
 import os
 import statistics
@@ -48,9 +49,12 @@ for what, old, new in (("a number in the claim", "30.5 ms", "30.6 ms"),
         failed.append(f"changing {what} ('{old}' to '{new}') passed the check")
 
 
-def library_check():
-    """check_library in a small repository: a page quoting a run of HEAD's library passes; once
-    policy/ changes it fails; in a shallow clone without the run's commit it is skipped, not passed."""
+def lag_check():
+    """The lag lines and the builds in a small repository (docs_check.Lag, check_builds): (a) a page
+    whose lag line is right passes; (b) a wrong count or file list fails; (c) a library commit after
+    the line's commit does not fail; (d) a line as of a commit that is not an ancestor of HEAD fails;
+    (e) in a shallow clone the lag line is skipped, not failed, and the table still checked; a raw
+    file that names no build, or a -dirty one, fails."""
     import subprocess
     import tempfile
     out = []
@@ -62,35 +66,98 @@ def library_check():
         def git(*a, cwd=repo):
             return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *a], cwd=cwd, check=True,
                                   capture_output=True, text=True).stdout.strip()
+
+        def write(path, text, root=repo):
+            open(os.path.join(root, path), "w").write(text)
         git("init", "-q")
-        open(os.path.join(repo, "policy", "pool.cpp"), "w").write("int a;\n")
+        write("policy/pool.cpp", "int a;\n")
         git("add", "-A")
         git("commit", "-qm", "a")
         built = git("rev-parse", "--short", "HEAD")
-        json.dump({"header": {"commit": built}}, open(os.path.join(repo, "docs", "gpu-runs", "r.json"), "w"))
-        open(os.path.join(repo, "page.md"), "w").write("See docs/gpu-runs/r.json.\n")
+        json.dump({"header": {"commit": built}, "step_ms": 29.06}, open(os.path.join(repo, "docs", "gpu-runs", "r.json"), "w"))
+        write("policy/grow.cpp", "int g;\n")
         git("add", "-A")
-        git("commit", "-qm", "the run")
+        git("commit", "-qm", "the run, and a library change")
 
-        def run_check(root):
+        def tables(root):
+            def t():
+                d = json.load(open(os.path.join(root, "docs", "gpu-runs", "r.json")))
+                return f"Source: `docs/gpu-runs/r.json`: build `{d['header']['commit']}`.\n\n| step ms |\n|---|\n| {d['step_ms']} |"
+            return {"t": t}
+
+        def claims(root):
+            return {"c": lambda: f"step {json.load(open(os.path.join(root, 'docs', 'gpu-runs', 'r.json')))['step_ms']} ms "
+                                 "(docs/gpu-runs/r.json)"}
+
+        def run(root, text, check=True, as_of=None):
+            """(errors, skipped, the page as made)."""
             errors = []
-            skipped = docs_check.check_library(root, ["page.md"], os.path.join(root, "docs", "gpu-runs"), errors)
-            return errors, skipped
-        if run_check(repo) != ([], None):
-            out.append(f"a page quoting a run of HEAD's library: {run_check(repo)}")
-        open(os.path.join(repo, "policy", "pool.cpp"), "w").write("int b;\n")
-        git("commit", "-qam", "the library changes")
-        errors, skipped = run_check(repo)
-        if not errors or skipped:
-            out.append(f"a page quoting a run of an older library passed: {errors} {skipped}")
+            runs = os.path.join(root, "docs", "gpu-runs")
+            lag = docs_check.Lag(root, runs, check, as_of)
+            new = docs_check.fill(text, "page.md", tables(root), claims(root), check, errors, lag)
+            write("page.md", text, root)
+            skipped = docs_check.check_builds(root, ["page.md"], runs, errors) + lag.skipped
+            return errors, skipped, new
+        blank = "<!-- gpu:t:begin -->\n<!-- gpu:t:end -->\n\nSee <!-- claim:c -->x<!-- /claim -->.\n"
+        _, _, page = run(repo, blank, check=False)
+        line = f"as of `{git('rev-parse', '--short', 'HEAD')}`, the library (policy/, shim/, trace/) has changed in " \
+               "1 commit since (files: policy/grow.cpp)."
+        if line not in page or "as of" not in page.split("claim:c")[1]:
+            out.append(f"the lag lines made: {page}")
+        write("page.md", page)
+        git("add", "-A")
+        git("commit", "-qm", "the page")
+        errors, skipped, _ = run(repo, page)
+        if errors or skipped:
+            out.append(f"(a) a page whose lag lines are right: {errors} {skipped}")
+        for what, old, new in (("(b) a wrong count", "trace/) has changed in 1 commit", "trace/) has changed in 2 commits"),
+                               ("(b) a wrong file", "(files: policy/grow.cpp)", "(files: policy/pool.cpp)"),
+                               ("(b) a wrong file in the claim", "since: policy/grow.cpp)", "since: policy/pool.cpp)"),
+                               ("(b) an 'unchanged'", "has changed in 1 commit since (files: policy/grow.cpp)",
+                                "is unchanged since"),
+                               ("a number in the table", "| 29.06 |", "| 29.07 |")):
+            assert page.count(old) == 1, old
+            if not run(repo, page.replace(old, new))[0]:
+                out.append(f"{what} ('{old}' to '{new}') passed the check")
+        if not run(repo, page.replace("29.06 ms (docs", "29.07 ms (docs"))[0]:
+            out.append("a number in the claim passed the check")
+        write("policy/pool.cpp", "int b;\n")
+        write("page.md", page)
+        git("commit", "-qam", "the library changes after the page's line")
+        errors, skipped, _ = run(repo, page)
+        if errors or skipped:
+            out.append(f"(c) a library commit after the line's commit failed the check: {errors} {skipped}")
+        write("page.md", page)
+        git("checkout", "-qb", "side", "HEAD~1")
+        write("policy/side.cpp", "int s;\n")
+        git("add", "-A")
+        git("commit", "-qm", "a commit HEAD will not have")
+        side = git("rev-parse", "--short", "HEAD")
+        git("checkout", "-q", "-")
+        _, _, off = run(repo, page, check=False, as_of=side)  # right counts, as of a commit off HEAD's line
+        errors, _, _ = run(repo, off)
+        if not any("not HEAD nor an ancestor" in e for e in errors):
+            out.append(f"(d) a lag line as of a commit that is not an ancestor of HEAD: {errors}")
         git("clone", "-q", "--depth", "1", "file://" + repo, os.path.join(tmp, "shallow"), cwd=tmp)
-        errors, skipped = run_check(os.path.join(tmp, "shallow"))
+        shallow = os.path.join(tmp, "shallow")
+        errors, skipped, _ = run(shallow, page)
         if errors or not skipped:
-            out.append(f"a shallow clone without the run's commit: not skipped ({errors}, {skipped})")
+            out.append(f"(e) a shallow clone: the lag lines not skipped ({errors}, {skipped})")
+        errors, skipped, _ = run(shallow, page.replace("trace/) has changed in 1 commit", "trace/) has changed in 2 commits"))
+        if errors or not skipped:
+            out.append(f"(e) a shallow clone: a lag line it cannot verify failed ({errors}, {skipped})")
+        if not run(shallow, page.replace("| 29.06 |", "| 29.07 |"))[0]:
+            out.append("(e) a shallow clone: a wrong number in the table passed")
+        for header, why in (({}, "names no build"), ({"commit": built + "-dirty"}, "-dirty"),
+                            ({"commit": "0123abc"}, "not a commit here")):
+            json.dump({"header": header, "step_ms": 29.06}, open(os.path.join(repo, "docs", "gpu-runs", "r.json"), "w"))
+            errors, _, _ = run(repo, "See docs/gpu-runs/r.json.\n")
+            if not any(why in e for e in errors):
+                out.append(f"a raw file whose build {why} passed: {errors}")
     return out
 
 
-failed += library_check()
+failed += lag_check()
 for f in failed:
     print("FAIL:", f)
 print("ok" if not failed else f"{len(failed)} failed")
