@@ -14,15 +14,35 @@ call spends beside them. The first split (three parts, 2026-12-02) took its esti
 calls and was far too low: its part 1 ran about 450 s and was cut (at the call's limit) in its
 pair-cost rounds; the likely cause, found afterwards, is that run_all.py parsed every event of the
 trace-on benchmarks' traces (millions of lines) in Python. Those runs now only sample their
-traces, and each part holds less. Measured on 2026-12-02/03
-(the kept docs run, docs/gpu-runs/*-docsK-run.log; wall time of the whole device command):
-  part 1: suite 76.0 s, contextless ~30 s (its call also ran other groups: ~120 s for these two).
-  part 2: 339.5 s: compat 186 s (torch 103, jax 77, cupy and the workload 6), inflight 6 s,
-    share 31 s of share-race plus the budget and hostile checks, rounds 89 s.
-  part 3: 535.6 s: steps 249 s, defaultpolicy 263 s. The tightest part: 64 s under the limit.
-  part 4: 467.1 s: policies 131 s, sharing the rest (the jobs alone, 15 ways, the start-up cost).
-Total ~1460 s (24 min) of device time, plus the machine's start. run_all.py rewrites its results
-file after every run, so a part cut at the limit keeps what it measured ("complete": false).
+traces, and each part holds less. Measured on 2026-12-02/03 (the kept docs run,
+docs/gpu-runs/*-docsK-run.log, sums of the `[ Ns]` lines per group; wall: the whole device command):
+  part 1 (suite): the suite 76.0 s (its RESULT line); + header ~10 s: ~90 s.
+  part 2 (compat, rounds): wall 339.5 s with inflight and share; compat 185.2 s (torch 103.1,
+    jax 51.1, jaxmlp 25.5, cupy 2.7, workload 2.8), rounds 89.1 s (21 runs, 7 configurations x 3);
+    cut: inflight 6.3 s, share-race 31.1 s and share-budget/share-hostile (~18 s, untimed: the rest
+    of the wall beside the header): 339.5 - 6.3 - 31.1 - 18 = ~284 s.
+  part 3 (steps, defaultpolicy): wall 535.6 s; steps 249.5 s (torch 193.1, jax 56.4; 8 x 3 runs),
+    defaultpolicy 262.8 s of which its two transformer runs without cupool 26.9 s, cut (steps runs
+    the transformer without cupool in both cache modes, three times each, in the same call:
+    CUPOOL_GPU_DEFAULTPOLICY_REFS=0): 535.6 - 26.9 = ~509 s.
+  part 4 (policies, sharing): wall 467.1 s: policies 131.3 s (2 x 3 runs), share-startup 0.4 s,
+    sharing ~325 s (15 scenario runs 278.1 s by sharing.json's wall_s, the three jobs alone and
+    nvidia-smi ~47 s); unchanged: ~467 s.
+Total ~1350 s (was ~1460), plus the machine's start. run_all.py rewrites its results file after
+every run, so a part cut at the limit keeps what it measured ("complete": false).
+
+Not cut: every configuration these groups run is a row of a generated table (docs_run.py,
+docs_tables.py: frameworks, pair cost, steps, defaultpolicy, policies, sharing, share-startup).
+Two device calls cannot hold them at three rounds: the quoted runs alone sum to ~1280 s of run
+time (76 + 185 + 89 + 250 + 236 + 131 + 325), against 2 x ~540 s a call can safely take and the
+900 s the issue asks for. Two calls need ~200 s (900 s: ~400 s) of quoted rows cut, a table
+dropped, or shorter workloads (train_varlen.py's STEPS); settings that would do it without code:
+CUPOOL_GPU_STEPS_CONFIGS and CUPOOL_GPU_ROUNDS_CONFIGS (rows of the steps and pair-cost tables),
+SHARING_WAYS (rows of the sharing table). Which to cut is the pages' decision, not this file's.
+
+The names of the kept files are the pages' generator's (docs_run.py, docs_tables.py read
+DATE-docsK-results-compat-inflight-rounds-share.json): part 2 keeps that name with
+CUPOOL_GPU_RESULTS_TAG though it no longer runs inflight and share (run_all.sh --verify does).
 """
 import os
 import shutil
@@ -30,9 +50,10 @@ import sys
 
 ROUNDS = 3
 PARTS = [
-    {"groups": ["suite", "contextless"], "estimate_s": 120, "env": {}},
-    {"groups": ["compat", "inflight", "share", "rounds"], "estimate_s": 340, "env": {}},
-    {"groups": ["steps", "defaultpolicy"], "estimate_s": 536, "env": {}},
+    {"groups": ["suite"], "estimate_s": 90, "env": {}},
+    {"groups": ["compat", "rounds"], "estimate_s": 284,
+     "env": {"CUPOOL_GPU_RESULTS_TAG": "compat-inflight-rounds-share"}},
+    {"groups": ["steps", "defaultpolicy"], "estimate_s": 509, "env": {"CUPOOL_GPU_DEFAULTPOLICY_REFS": "0"}},
     {"groups": ["policies", "sharing"], "estimate_s": 467,
      "env": {"CUPOOL_GPU_POLICIES_ROUNDS_OF": "pt-caching-nocupool-1,pt-expandable-nocupool",
              "SHARING_WAYS": "preallocate-fixed,growth-capped,growth-shared,vmm-capped,vmm-shared",

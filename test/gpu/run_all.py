@@ -35,7 +35,9 @@ import results  # test/gpu/results.py
 
 BUILD, WORKLOADS, BIN, OUT = (os.path.abspath(p) for p in sys.argv[1:5])
 ONLY = set(sys.argv[sys.argv.index("--only") + 1].split(",")) if "--only" in sys.argv else None
-TAG = "-".join(sorted(ONLY)) if ONLY else "all"  # names the results files
+# names the results files; CUPOOL_GPU_RESULTS_TAG overrides it (the docs run keeps the names its
+# pages' generator reads, docs_run.py, when it runs fewer groups than the call that named them)
+TAG = os.environ.get("CUPOOL_GPU_RESULTS_TAG") or ("-".join(sorted(ONLY)) if ONLY else "all")
 SHIM = os.path.join(BUILD, "shim", "libcupool.so")
 HERE = os.path.dirname(os.path.abspath(__file__))
 PY = sys.executable
@@ -355,6 +357,20 @@ if wanted("bench"):
 # Every configuration of `bench` (and vmm's) once per round, the order reversed every other round
 # (A B C .. C B A ..), ROUNDS rounds: docs_tables.py reports min / median / max over the rounds.
 ROUNDS = int(os.environ.get("CUPOOL_GPU_ROUNDS", "3"))
+
+
+def selected(configs, var):
+    """The configurations (tuples, name first) that the comma list in env var names, in their own
+    order; all of them where var is unset (run_all.sh --docs sets it to what the pages quote)."""
+    names = [n for n in os.environ.get(var, "").split(",") if n]
+    if not names:
+        return configs
+    unknown = set(names) - {c[0] for c in configs}
+    if unknown:
+        sys.exit(f"run_all.py: {var} names no configuration {sorted(unknown)}")
+    return [c for c in configs if c[0] in names]
+
+
 if wanted("rounds"):
     exe = os.path.join(BIN, "bench_alloc")
     configs = [("driver", "malloc", None), ("async", "async", None)] + [
@@ -362,6 +378,7 @@ if wanted("rounds"):
                                                     **({"CUPOOL_TRACE_BUFFER": "1048576"} if tr == "on" else {"CUPOOL_TRACE": ""})))
         for pol, free, tr in (("growth", "deferred", "off"), ("growth", "deferred", "on"), ("growth", "sync", "off"),
                               ("growth", "sync", "on"), ("vmm", "deferred", "off"))]
+    configs = selected(configs, "CUPOOL_GPU_ROUNDS_CONFIGS")
     for i in range(1, ROUNDS + 1):
         for name, api, shim in (configs if i % 2 else configs[::-1]):
             # The trace is only sampled (a trace-on run writes millions of events: parsing them
@@ -391,6 +408,7 @@ if wanted("steps"):
         ("jax-platform-nocupool", [PY, JAX_MLP], dict(platform_env, MODE="platform"), None),
         ("jax-platform-growth-deferred", [PY, JAX_MLP], dict(platform_env, MODE="platform+cupool"), deferred),
     ]
+    configs = selected(configs, "CUPOOL_GPU_STEPS_CONFIGS")
     for i in range(1, ROUNDS + 1):
         got = {}
         for name, cmd, env, shim in (configs if i % 2 else configs[::-1]):
@@ -399,8 +417,9 @@ if wanted("steps"):
                 transformer_runs(got[name])
             if shim is not None:
                 traced(got[name])
-        same_result(f"jax_mlp_step round {i}: every buffer through cupool gives the platform allocator's weights",
-                    got["jax-platform-nocupool"], got["jax-platform-growth-deferred"])
+        if "jax-platform-nocupool" in got and "jax-platform-growth-deferred" in got:
+            same_result(f"jax_mlp_step round {i}: every buffer through cupool gives the platform allocator's weights",
+                        got["jax-platform-nocupool"], got["jax-platform-growth-deferred"])
 
 # ---- Issue 3: how much memory the deferred quarantine holds -------------------------------------
 # Fences (and so quarantine) are needed once the process has created a stream that can run beside
@@ -762,8 +781,12 @@ if wanted("defaultpolicy"):
     }
     # The transformer's exact loss depends on PyTorch's cache (on or off), not on cupool: its runs
     # are held to the losses of these two runs without cupool (check_transformer_losses).
-    transformer_runs(run("defaultpolicy-transformer-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
-                     run("defaultpolicy-transformer-nocache-nocupool", TRANSFORMER_WITH_STATS, dict(nocache, MODE="nocache")))
+    # CUPOOL_GPU_DEFAULTPOLICY_REFS=0 (the docs run, where group compat or steps runs in the same call
+    # and runs the transformer without cupool in both cache modes): no runs of its own.
+    if os.environ.get("CUPOOL_GPU_DEFAULTPOLICY_REFS", "1") != "0":
+        transformer_runs(run("defaultpolicy-transformer-caching-nocupool", TRANSFORMER_WITH_STATS, {"MODE": "caching"}),
+                         run("defaultpolicy-transformer-nocache-nocupool", TRANSFORMER_WITH_STATS,
+                             dict(nocache, MODE="nocache")))
     table = {}
     for i in (1, 2, 3):
         order = ("growth", "vmm") if i % 2 else ("vmm", "growth")

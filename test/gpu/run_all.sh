@@ -4,8 +4,13 @@
 # file too), and exits non-zero if any check failed or did not exercise what it claims.
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT [--only GROUP,...]
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --docs --part K/4
-# --docs: everything the measured pages quote, in four parts of one device call each (340
-# to 536 s each on the H200, under the 600 s a call may run; test/gpu/docs_plan.py says which groups, with what settings, and its
+#   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --verify BEFORE_BUILD
+# --verify: a library change in one call (~200 s on the H200): the compatibility suite, the
+# threads without a context, the sharing checks (share-budget, share-hostile, share_race.py: 8
+# members, 4 in PID namespaces of their own), then test/gpu/compare_builds.py BEFORE_BUILD (shim/
+# and BUILD_ID of the build before the change, carried) against BUILD_DIR, 3 alternating rounds.
+# --docs: everything the measured pages quote, in four parts of one device call each (90
+# to 509 s each on the H200, under the 600 s a call may run; test/gpu/docs_plan.py says which groups, with what settings, and its
 # estimates); the output is also written to OUT/run.log. Then, here:
 #   test/gpu/docs_plan.py save FILES_AT/OUT docs/gpu-runs/DATE-docsK   (each part), and
 #   test/gpu/docs_tables.py .                                         (the pages from them).
@@ -17,7 +22,16 @@ command_line="$0 $*"
 build=$(cd "$1" && pwd) carry=$(cd "$2" && pwd) out=$3; shift 3
 mkdir -p "$out"
 groups=all
-if [[ ${1:-} == --docs ]]; then
+before=
+if [[ ${1:-} == --verify ]]; then
+  if [[ ! -f ${2:-}/shim/libcupool.so ]]; then
+    echo "run_all.sh: --verify BEFORE_BUILD (a build with shim/libcupool.so and BUILD_ID)" >&2
+    exit 2
+  fi
+  before=$(cd "$2" && pwd)
+  groups=suite,contextless,share
+  exec > >(tee "$out/run.log") 2>&1
+elif [[ ${1:-} == --docs ]]; then
   if [[ ${2:-} != --part || -z ${3:-} ]]; then
     echo "run_all.sh: --docs --part K/4 (one device call each; test/gpu/docs_plan.py lists them)" >&2
     exit 2
@@ -70,6 +84,9 @@ if [[ $groups == all ]]; then
   python3 "$here/run_all.py" "$build" "$carry/workloads" "$carry/bin" "$out" || status=1
 elif [[ -n $rest ]]; then
   python3 "$here/run_all.py" "$build" "$carry/workloads" "$carry/bin" "$out" --only "$rest" || status=1
+fi
+if [[ -n $before ]]; then
+  python3 "$here/compare_builds.py" "$before" "$build" "$carry/bin" "$out/compare" --rounds 3 || status=1
 fi
 echo "run_all.sh: $([[ $status == 0 ]] && echo 'every check passed' || echo 'SOME CHECKS FAILED')"
 exit $status
