@@ -2,6 +2,7 @@
 # cupool's developer entry point. README.md names its two uses:
 #   ./dev.sh run    install what is missing (Debian packages), build, and run the main job
 #   ./dev.sh test   install what is missing, build (plain and ASan+UBSan), run the whole suite
+#   ./dev.sh stress share|trace [RUNS]   each test of the group RUNS times (200), three at a time
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -113,8 +114,15 @@ print(f"{counts['OK']} passed, {counts['FAIL']} failed, {counts['SKIP']} skipped
 PY
     exit $status
     ;;
+  stress)
+    # Races show up only under load: every test of the group, RUNS times, three at a time
+    # (test/stress.py). On the plain build, kept between runs.
+    install_missing "${RUN_PACKAGES[@]}"
+    build build
+    exec python3 test/stress.py build "${2:-share}" --runs "${3:-200}" --jobs 3
+    ;;
   *)
-    echo "usage: ./dev.sh run | ./dev.sh test" >&2
+    echo "usage: ./dev.sh run | ./dev.sh test | ./dev.sh stress share|trace [RUNS]" >&2
     exit 2
     ;;
 esac
