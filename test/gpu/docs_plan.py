@@ -1,48 +1,53 @@
 #!/usr/bin/env python3
-"""What `test/gpu/run_all.sh BUILD CARRY OUT --docs --part K/4` runs: everything the measured pages
-(README.md, docs/compatibility.md, docs/performance.md, docs/policies.md) quote, split in four
+"""What `test/gpu/run_all.sh BUILD CARRY OUT --docs --part K/2` runs: everything the measured pages
+(README.md, docs/compatibility.md, docs/performance.md, docs/policies.md) quote, split in two
 device calls that each finish inside one call's 600 s, and how a part's raw files are kept in
-docs/gpu-runs/ (docs_run.py names the ones it reads). One home for the split: run_all.sh asks
-this file for a part's groups and settings, docs_run.py for the parts.
+docs/gpu-runs/ (docs_run.py finds each table's file by name, whatever the split). One home for
+the split: run_all.sh asks this file for a part's groups and settings.
 
   docs_plan.py groups K/N         the groups of part K (prints GROUPS, then the settings as VAR=value)
   docs_plan.py save OUT PREFIX    copy a part's OUT into docs/gpu-runs as PREFIX-FILE (folders
-                                  flattened with '-'), e.g. docs/gpu-runs/2026-12-03-docs2
+                                  flattened with '-'), e.g. docs/gpu-runs/2026-12-10-docs2
 
-Times: the run times the H200 printed (the `[ 9.0s] name` lines of the raw logs), plus what the
-call spends beside them. The first split (three parts, 2026-12-02) took its estimates from earlier
-calls and was far too low: its part 1 ran about 450 s and was cut (at the call's limit) in its
-pair-cost rounds; the likely cause, found afterwards, is that run_all.py parsed every event of the
-trace-on benchmarks' traces (millions of lines) in Python. Those runs now only sample their
-traces, and each part holds less. Measured on 2026-12-02/03 (the kept docs run,
-docs/gpu-runs/*-docsK-run.log, sums of the `[ Ns]` lines per group; wall: the whole device command):
-  part 1 (suite): the suite 76.0 s (its RESULT line); + header ~10 s: ~90 s.
-  part 2 (compat, rounds): wall 339.5 s with inflight and share; compat 185.2 s (torch 103.1,
-    jax 51.1, jaxmlp 25.5, cupy 2.7, workload 2.8), rounds 89.1 s (21 runs, 7 configurations x 3);
-    cut: inflight 6.3 s, share-race 31.1 s and share-budget/share-hostile (~18 s, untimed: the rest
-    of the wall beside the header): 339.5 - 6.3 - 31.1 - 18 = ~284 s.
-  part 3 (steps, defaultpolicy): wall 535.6 s; steps 249.5 s (torch 193.1, jax 56.4; 8 x 3 runs),
-    defaultpolicy 262.8 s of which its two transformer runs without cupool 26.9 s, cut (steps runs
-    the transformer without cupool in both cache modes, three times each, in the same call:
-    CUPOOL_GPU_DEFAULTPOLICY_REFS=0): 535.6 - 26.9 = ~509 s.
-  part 4 (policies, sharing): wall 467.1 s: policies 131.3 s (2 x 3 runs), share-startup 0.4 s,
-    sharing ~325 s (15 scenario runs 278.1 s by sharing.json's wall_s, the three jobs alone and
-    nvidia-smi ~47 s); unchanged: ~467 s.
-Total ~1350 s (was ~1460), plus the machine's start. run_all.py rewrites its results file after
-every run, so a part cut at the limit keeps what it measured ("complete": false).
+Times: the run times the H200 printed in the kept four-part run of 2026-12-02/03
+(docs/gpu-runs/*-docsK-run.log, sums of the `[ Ns]` lines per group, per configuration where rows
+are cut), plus what a call spends beside them: the header ~10 s, and the trace summaries of the
+traced runs (~13 s in the old part 3, whose runs sum to 512.3 s of its 535.6 s wall; split ~7 s
+defaultpolicy, ~6 s steps). The device call adds ~20-30 s (start, transfers) to each part.
+Issue 38 asked for two calls under 10 minutes each and 15 minutes in all; cut for it:
+  - steps: torch-caching-growth (37.1 s) and torch-nocache-growth-sync (43.2 s):
+    249.5 - 80.3 = 169.2 s (6 configurations x 3 rounds: CUPOOL_GPU_STEPS_CONFIGS);
+  - rounds (pair cost): growth-sync-trace-on (21.6 s): 89.1 - 21.6 = 67.5 s (6 x 3:
+    CUPOOL_GPU_ROUNDS_CONFIGS);
+  - sharing: the capped ways, growth-capped (37.9 s) and vmm-capped (38.9 s): scenario runs
+    278.1 - 76.8 = 201.3 s (3 ways x 3 rounds: SHARING_WAYS), + the jobs alone and nvidia-smi
+    ~47 s: ~248 s;
+  - defaultpolicy's own transformer runs without cupool (26.9 s; CUPOOL_GPU_DEFAULTPOLICY_REFS=0:
+    group compat, in the same part, runs the transformer without cupool in both cache modes):
+    262.8 - 26.9 = 235.9 s;
+  - the compatibility suite (76.0 s, its RESULT line) runs beside group compat (185.2 s of runs:
+    torch 103.1, jax 51.1, jaxmlp 25.5, cupy 2.7, workload 2.8), whose runs go 4 at a time
+    (CUPOOL_GPU_SUITE_BESIDE_COMPAT, CUPOOL_GPU_COMPAT_JOBS: neither times anything the pages
+    quote, and no timed group starts before both are done): at least max(76.0, 185.2 / 4) = 76 s,
+    estimated ~110 s with the two sharing the host's 16 cores and the GPU (not yet measured).
+Not cut: the suite's 10 runs a program (two without cupool and the 8 configurations are its
+columns and its checks; run_compat.py has no setting for fewer); defaultpolicy's growth
+transformer runs, the same settings as steps' torch-nocache-growth-deferred (CUPOOL_FREE's
+default is deferred; only MODE's label differs), since each is held to its own group's
+alternating rounds (growth against vmm; cupool against the runs without it).
+  part 1 (suite + compat, defaultpolicy, policies): 110 + 235.9 + 131.3 (policies: 2 x 3 runs)
+    + 10 + 7 = ~494 s;
+  part 2 (rounds, steps, sharing): 67.5 + 169.2 + 248.3 + 0.4 (share-startup) + 10 + 6 = ~501 s.
+Total ~995 s of the two commands, ~1045 s with the calls' ~25 s each: two calls under 10 minutes,
+but over the 15 minutes in all (the quoted runs left sum to ~870 s). The next cuts, per part, are
+the pages' decision: defaultpolicy's varlen rows (124.5 s), policies (131.3 s), steps' JAX rows
+(56.4 s), or shorter workloads. run_all.py rewrites its results file after every run, so a part
+cut at the limit keeps what it measured ("complete": false).
 
-Not cut: every configuration these groups run is a row of a generated table (docs_run.py,
-docs_tables.py: frameworks, pair cost, steps, defaultpolicy, policies, sharing, share-startup).
-Two device calls cannot hold them at three rounds: the quoted runs alone sum to ~1280 s of run
-time (76 + 185 + 89 + 250 + 236 + 131 + 325), against 2 x ~540 s a call can safely take and the
-900 s the issue asks for. Two calls need ~200 s (900 s: ~400 s) of quoted rows cut, a table
-dropped, or shorter workloads (train_varlen.py's STEPS); settings that would do it without code:
-CUPOOL_GPU_STEPS_CONFIGS and CUPOOL_GPU_ROUNDS_CONFIGS (rows of the steps and pair-cost tables),
-SHARING_WAYS (rows of the sharing table). Which to cut is the pages' decision, not this file's.
-
-The names of the kept files are the pages' generator's (docs_run.py, docs_tables.py read
-DATE-docsK-results-compat-inflight-rounds-share.json): part 2 keeps that name with
-CUPOOL_GPU_RESULTS_TAG though it no longer runs inflight and share (run_all.sh --verify does).
+The kept files are named by the part's groups (results-<groups>.json; part 1's
+results-compat-defaultpolicy-policies.json, part 2's results-rounds-sharing-steps.json) or by what
+they hold (compat.json, defaultpolicy.json, policies-roundN-policies.json, sharing.json):
+docs_run.py reads each table from the newest kept file of its name, in whichever part it lies.
 """
 import os
 import shutil
@@ -50,13 +55,17 @@ import sys
 
 ROUNDS = 3
 PARTS = [
-    {"groups": ["suite"], "estimate_s": 90, "env": {}},
-    {"groups": ["compat", "rounds"], "estimate_s": 284,
-     "env": {"CUPOOL_GPU_RESULTS_TAG": "compat-inflight-rounds-share"}},
-    {"groups": ["steps", "defaultpolicy"], "estimate_s": 509, "env": {"CUPOOL_GPU_DEFAULTPOLICY_REFS": "0"}},
-    {"groups": ["policies", "sharing"], "estimate_s": 467,
-     "env": {"CUPOOL_GPU_POLICIES_ROUNDS_OF": "pt-caching-nocupool-1,pt-expandable-nocupool",
-             "SHARING_WAYS": "preallocate-fixed,growth-capped,growth-shared,vmm-capped,vmm-shared",
+    {"groups": ["suite", "compat", "defaultpolicy", "policies"], "estimate_s": 494,
+     "env": {"CUPOOL_GPU_SUITE_BESIDE_COMPAT": "1", "CUPOOL_GPU_COMPAT_JOBS": "4",
+             "CUPOOL_GPU_DEFAULTPOLICY_REFS": "0",
+             "CUPOOL_GPU_POLICIES_ROUNDS_OF": "pt-caching-nocupool-1,pt-expandable-nocupool"}},
+    {"groups": ["rounds", "steps", "sharing"], "estimate_s": 501,
+     "env": {"CUPOOL_GPU_ROUNDS_CONFIGS": "driver,async,growth-deferred-trace-off,growth-deferred-trace-on,"
+                                          "growth-sync-trace-off,vmm-deferred-trace-off",
+             "CUPOOL_GPU_STEPS_CONFIGS": "torch-caching-nocupool,torch-nocache-nocupool,"
+                                         "torch-nocache-growth-deferred,jax-bfc-nocupool,jax-platform-nocupool,"
+                                         "jax-platform-growth-deferred",
+             "SHARING_WAYS": "preallocate-fixed,growth-shared,vmm-shared",
              "SHARING_SCENARIOS": "varlen-varlen-transformer:0.7", "SHARING_ROUNDS": str(ROUNDS)}},
 ]
 PART_NUMBERS = range(1, len(PARTS) + 1)

@@ -26,7 +26,7 @@ measured and says how far the library (policy/, shim/, trace/) has moved since, 
   docs_tables.py ROOT --check-library  print, per page and cited raw file, its build and how far
                                        HEAD's library has moved since; exit 0
 The checks themselves are in docs_check.py; the raw files of the docs run (run_all.sh --docs), where
-they exist, in docs_plan.py's names.
+they exist, found by name (docs_run.py, DocsRun).
 """
 import json
 import os
@@ -355,13 +355,14 @@ CLAIMS = {"vmmipc-checks": lambda: checks_passed("2026-12-03-runV3-vmmipc-run.lo
 DOCS_RUN, docs_tables, docs_claims = docs_run.make(RUNS)
 TABLES.update(docs_tables)
 CLAIMS.update(docs_claims)
-# The tables the docs run measures again come from it, once its part is kept.
-if 1 in DOCS_RUN.prefix:
-    TABLES["compat-suite"] = lambda: compat_suite(DOCS_RUN.name(1, "compat.json"))
-if 2 in DOCS_RUN.prefix:
-    TABLES["frameworks"] = lambda: frameworks(DOCS_RUN.name(2, "results-compat-inflight-rounds-share.json"))
-if 4 in DOCS_RUN.prefix:
-    TABLES["docs-share-startup"] = lambda: share_startup(DOCS_RUN.name(4, "results-policies-sharing.json"))
+# The tables the docs run measures again come from it, once a part that runs them is kept (the
+# newest kept file of each, whatever the split: docs_run.DocsRun).
+if _at := DOCS_RUN.find("compat.json"):
+    TABLES["compat-suite"] = lambda at=_at: compat_suite(DOCS_RUN.name(at))
+if _at := DOCS_RUN.results("compat"):
+    TABLES["frameworks"] = lambda at=_at: frameworks(DOCS_RUN.name(at))
+if _at := DOCS_RUN.results("sharing"):
+    TABLES["docs-share-startup"] = lambda at=_at: share_startup(DOCS_RUN.name(at))
 
 # ---- rewriting and checking (docs_check.py) ------------------------------------------------------
 

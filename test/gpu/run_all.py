@@ -6,7 +6,7 @@ that record, prints a short table and the checks, and exits 1 if any check faile
 did not do what it claims (no reuse in an in-flight check, a result that differs by a bit from
 the run without cupool, a trace that saw nothing) is a failed check, not a row.
 
-  run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...]
+  run_all.py BUILD_DIR WORKLOADS_DIR GPU_BIN_DIR OUT [--only GROUP,...] [--suite-beside-compat COMPAT_BIN_DIR]
 Groups: compat (frameworks under passthrough), inflight, bench, rounds, steps, quarantine, vmm,
 xlasync, policies, replay (each framework trace replayed under its recorded configuration), share
 (the shared-budget check of the simulated CUDA, test/integration/check_share_budget.py, on the GPU),
@@ -29,6 +29,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 import results  # test/gpu/results.py
@@ -45,6 +46,7 @@ if "CUPOOL_RUN_HEADER" not in os.environ:
     sys.exit("run_all.py: run it through test/gpu/run_all.sh, which records the build and the machine")
 HEADER = json.load(open(os.environ["CUPOOL_RUN_HEADER"]))
 runs = []  # every run of this call, in order (not `results`: that is the helper module)
+RUNS_LOCK = threading.Lock()  # run() from the compat group's threads (CUPOOL_GPU_COMPAT_JOBS)
 checks = []
 
 
@@ -178,11 +180,12 @@ def run(name, cmd, env_extra=None, shim=None, timeout=150, summary=True, keep=30
             r["trace"] = trace_summary(trace)
         except Exception as e:  # noqa: BLE001 - a broken trace is a result too
             r["trace_error"] = repr(e)
-    print(f"[{wall:6.1f}s] {name}: rc={rc}", flush=True)
-    if rc != 0:
-        print("   stderr:", err[-800:].replace("\n", "\n   "), flush=True)
-    runs.append(r)
-    save_results(complete=False)
+    with RUNS_LOCK:
+        print(f"[{wall:6.1f}s] {name}: rc={rc}", flush=True)
+        if rc != 0:
+            print("   stderr:", err[-800:].replace("\n", "\n   "), flush=True)
+        runs.append(r)
+        save_results(complete=False)
     return r
 
 
@@ -284,40 +287,83 @@ TRANSFORMER_WITH_STATS = [PY, "-c",
     % TRANSFORMER]
 
 # ---- Issue 2: passthrough is invisible, and the trace accounts for every allocation ----------
+# Correctness only (no timing of these runs is quoted): with CUPOOL_GPU_COMPAT_JOBS=N (the docs
+# run: 4) its runs go N at a time, and with --suite-beside-compat COMPAT_BIN_DIR (run_all.sh, where
+# the docs plan asks it) the compatibility suite (test/gpu/compat/run_compat.py) runs beside them;
+# no group after this one starts before both are done, so nothing runs beside a timing run. The
+# results are the same in form either way: the runs in the order below, then the same checks.
+COMPAT_JOBS = max(1, int(os.environ.get("CUPOOL_GPU_COMPAT_JOBS", "1")))
+SUITE = None
+if "--suite-beside-compat" in sys.argv:
+    suite_log = open(os.path.join(TRACES, "compat-suite.log"), "w+")
+    SUITE = subprocess.Popen([PY, os.path.join(HERE, "compat", "run_compat.py"), BUILD,
+                              os.path.abspath(sys.argv[sys.argv.index("--suite-beside-compat") + 1]), OUT, "--jobs", "8"],
+                             stdout=suite_log, stderr=subprocess.STDOUT)
+    print(f"run_all.py: the compatibility suite runs beside group compat (its output follows when it is done)",
+          flush=True)
 if wanted("compat"):
+    jobs = []  # (name, command, environment, cupool settings or None): independent runs, checked after
     for mode, env in TORCH_MODES.items():
-        base = run(f"torch-{mode}-nocupool", TRANSFORMER_WITH_STATS, dict(env, MODE=mode))
-        under = run(f"torch-{mode}-passthrough", TRANSFORMER_WITH_STATS, dict(env, MODE=mode),
-                    shim={"CUPOOL_POLICY": "passthrough"})
-        transformer_runs(base, under)
-        traced(under)
-    for mode, env in {"bfc": {}, "platform": {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}}.items():
-        base = run(f"jax-{mode}-nocupool", [PY, os.path.join(HERE, "jax_check.py")], env)
-        under = run(f"jax-{mode}-passthrough", [PY, os.path.join(HERE, "jax_check.py")], env,
-                    shim={"CUPOOL_POLICY": "passthrough"})
+        jobs += [(f"torch-{mode}-nocupool", TRANSFORMER_WITH_STATS, dict(env, MODE=mode), None),
+                 (f"torch-{mode}-passthrough", TRANSFORMER_WITH_STATS, dict(env, MODE=mode),
+                  {"CUPOOL_POLICY": "passthrough"})]
+    # XLA's BFC takes 75% of the device at start: beside other runs, a smaller arena (the same
+    # allocator; these programs use well under 1 GiB).
+    bfc = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.05"} if COMPAT_JOBS > 1 or SUITE else {}
+    for mode, env in {"bfc": bfc, "platform": {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}}.items():
+        jobs += [(f"jax-{mode}-nocupool", [PY, os.path.join(HERE, "jax_check.py")], env, None),
+                 (f"jax-{mode}-passthrough", [PY, os.path.join(HERE, "jax_check.py")], env,
+                  {"CUPOOL_POLICY": "passthrough"}),
+                 (f"jaxmlp-{mode}-nocupool", [PY, JAX_MLP], dict(env, MODE=mode), None),
+                 (f"jaxmlp-{mode}-passthrough", [PY, JAX_MLP], dict(env, MODE=mode), {"CUPOOL_POLICY": "passthrough"})]
+    jobs += [("cupy-nocupool", [PY, os.path.join(HERE, "cupy_check.py")], None, None),
+             ("cupy-passthrough", [PY, os.path.join(HERE, "cupy_check.py")], None, {"CUPOOL_POLICY": "passthrough"})]
+    for kind in ("shared", "static"):
+        exe = os.path.join(BIN, f"workload_{kind}")
+        jobs += [(f"workload-{kind}-nocupool", [exe, "100", "8"], None, None)] + [
+            (f"workload-{kind}-{policy}", [exe, "100", "8"], None, {"CUPOOL_POLICY": policy, "CUPOOL_FREE": "deferred"})
+            for policy in ("passthrough", "growth")]
+    first = len(runs)
+    if COMPAT_JOBS > 1:
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(COMPAT_JOBS) as pool:
+            got = dict(zip((j[0] for j in jobs), pool.map(lambda j: run(*j), jobs)))
+        order = {j[0]: i for i, j in enumerate(jobs)}  # the results list them as one at a time would
+        with RUNS_LOCK:
+            runs[first:] = sorted(runs[first:], key=lambda r: order.get(r["name"], len(order)))
+    else:
+        got = {j[0]: run(*j) for j in jobs}
+    for mode in TORCH_MODES:
+        transformer_runs(got[f"torch-{mode}-nocupool"], got[f"torch-{mode}-passthrough"])
+        traced(got[f"torch-{mode}-passthrough"])
+    for mode in ("bfc", "platform"):
+        base, under = got[f"jax-{mode}-nocupool"], got[f"jax-{mode}-passthrough"]
         check(f"jax {mode}: passthrough gives the same checksum", base["rc"] == 0 and under["rc"] == 0 and
               last_json(base).get("checksum") is not None and last_json(base).get("checksum") == last_json(under).get("checksum"),
               f'{last_json(base).get("checksum")} vs {last_json(under).get("checksum")}')
         traced(under)
-        base = run(f"jaxmlp-{mode}-nocupool", [PY, JAX_MLP], dict(env, MODE=mode))
-        under = run(f"jaxmlp-{mode}-passthrough", [PY, JAX_MLP], dict(env, MODE=mode), shim={"CUPOOL_POLICY": "passthrough"})
-        same_result(f"jax_mlp_step {mode}: passthrough gives the same weights", base, under)
-    base = run("cupy-nocupool", [PY, os.path.join(HERE, "cupy_check.py")])
-    under = run("cupy-passthrough", [PY, os.path.join(HERE, "cupy_check.py")], shim={"CUPOOL_POLICY": "passthrough"})
+        same_result(f"jax_mlp_step {mode}: passthrough gives the same weights", got[f"jaxmlp-{mode}-nocupool"],
+                    got[f"jaxmlp-{mode}-passthrough"])
+    base, under = got["cupy-nocupool"], got["cupy-passthrough"]
     check("cupy: passthrough gives the same checksum", base["rc"] == 0 and under["rc"] == 0 and
           last_json(base).get("checksum") == last_json(under).get("checksum"),
           f'{last_json(base).get("checksum")} vs {last_json(under).get("checksum")}')
     traced(under)
     for kind in ("shared", "static"):
-        exe = os.path.join(BIN, f"workload_{kind}")
-        base = run(f"workload-{kind}-nocupool", [exe, "100", "8"])
+        base = got[f"workload-{kind}-nocupool"]
         for policy in ("passthrough", "growth"):
-            under = run(f"workload-{kind}-{policy}", [exe, "100", "8"],
-                        shim={"CUPOOL_POLICY": policy, "CUPOOL_FREE": "deferred"})
+            under = got[f"workload-{kind}-{policy}"]
             check(f"workload {kind} {policy}: same counts and data as without cupool",
                   base["rc"] == 0 and under["rc"] == 0 and last_json(base) == last_json(under),
                   f"{last_json(base)} vs {last_json(under)}")
             traced(under, last_json(base).get("allocs", 1))
+SUITE_FAILED = False
+if SUITE is not None:
+    SUITE.wait()
+    suite_log.seek(0)
+    print(suite_log.read(), end="", flush=True)
+    SUITE_FAILED = SUITE.returncode != 0
+    print(f"run_all.py: the compatibility suite (beside group compat) exited {SUITE.returncode}", flush=True)
 
 # ---- Issue 3: safe reuse after free -----------------------------------------------------------
 if wanted("inflight"):
@@ -1253,4 +1299,6 @@ table = "\n".join(lines)
 open(os.path.join(OUT, f"results-{TAG}.md"), "w").write(f"{head}\n\n{table}\n\n{summary}\n")
 print(table)
 print(summary)
-sys.exit(1 if failed else 0)
+if SUITE_FAILED:
+    print("run_all.py: the compatibility suite failed (its output above; OUT/compat.md)", flush=True)
+sys.exit(1 if failed or SUITE_FAILED else 0)

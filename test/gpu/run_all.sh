@@ -3,15 +3,16 @@
 # built here. Prints the build, GPU, driver and library versions first (they head every results
 # file too), and exits non-zero if any check failed or did not exercise what it claims.
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT [--only GROUP,...]
-#   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --docs --part K/4
+#   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --docs --part K/2
 #   test/gpu/run_all.sh BUILD_DIR CARRY_DIR OUT --verify BEFORE_BUILD
 # --verify: a library change in one call (~200 s on the H200): the compatibility suite, the
 # threads without a context, the sharing checks (share-budget, share-hostile, share_race.py: 8
 # members, 4 in PID namespaces of their own), then test/gpu/compare_builds.py BEFORE_BUILD (shim/
 # and BUILD_ID of the build before the change, carried) against BUILD_DIR, 3 alternating rounds.
-# --docs: everything the measured pages quote, in four parts of one device call each (90
-# to 509 s each on the H200, under the 600 s a call may run; test/gpu/docs_plan.py says which groups, with what settings, and its
-# estimates); the output is also written to OUT/run.log. Then, here:
+# --docs: everything the measured pages quote, in two parts of one device call each (about 495
+# and 500 s on the H200, under the 600 s a call may run; test/gpu/docs_plan.py says which groups,
+# with what settings, and its estimates; part 1 runs the compatibility suite beside group compat,
+# inside run_all.py); the output is also written to OUT/run.log. Then, here:
 #   test/gpu/docs_plan.py save FILES_AT/OUT docs/gpu-runs/DATE-docsK   (each part), and
 #   test/gpu/docs_tables.py .                                         (the pages from them).
 # Groups: suite (test/gpu/compat), contextless (check_contextless.sh), compat, inflight, bench, rounds, steps, quarantine, vmm,
@@ -33,7 +34,7 @@ if [[ ${1:-} == --verify ]]; then
   exec > >(tee "$out/run.log") 2>&1
 elif [[ ${1:-} == --docs ]]; then
   if [[ ${2:-} != --part || -z ${3:-} ]]; then
-    echo "run_all.sh: --docs --part K/4 (one device call each; test/gpu/docs_plan.py lists them)" >&2
+    echo "run_all.sh: --docs --part K/2 (one device call each; test/gpu/docs_plan.py lists them)" >&2
     exit 2
   fi
   plan=$(python3 "$here/docs_plan.py" groups "$3") || exit 2
@@ -73,7 +74,10 @@ for k, v in h.items():
     print(f"{k}: {v}")
 PY
 status=0
-if [[ $groups == all || ,$groups, == *,suite,* ]]; then
+beside=()  # CUPOOL_GPU_SUITE_BESIDE_COMPAT=1 (the docs plan): the suite runs inside run_all.py, beside group compat
+if [[ ${CUPOOL_GPU_SUITE_BESIDE_COMPAT:-0} == 1 && ,$groups, == *,suite,* && ,$groups, == *,compat,* ]]; then
+  beside=(--suite-beside-compat "$carry/compat")
+elif [[ $groups == all || ,$groups, == *,suite,* ]]; then
   python3 "$here/compat/run_compat.py" "$build" "$carry/compat" "$out" --jobs 8 || status=1
 fi
 if [[ $groups == all || ,$groups, == *,contextless,* ]]; then
@@ -83,7 +87,7 @@ rest=$(tr , '\n' <<<"$groups" | grep -vx suite | grep -vx contextless | paste -s
 if [[ $groups == all ]]; then
   python3 "$here/run_all.py" "$build" "$carry/workloads" "$carry/bin" "$out" || status=1
 elif [[ -n $rest ]]; then
-  python3 "$here/run_all.py" "$build" "$carry/workloads" "$carry/bin" "$out" --only "$rest" || status=1
+  python3 "$here/run_all.py" "$build" "$carry/workloads" "$carry/bin" "$out" --only "$rest" ${beside[@]+"${beside[@]}"} || status=1
 fi
 if [[ -n $before ]]; then
   python3 "$here/compare_builds.py" "$before" "$build" "$carry/bin" "$out/compare" --rounds 3 || status=1

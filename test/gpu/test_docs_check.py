@@ -157,7 +157,55 @@ def lag_check():
     return out
 
 
+def docs_run_check():
+    """docs_run.DocsRun finds each table's file by name, whatever the split: the four-part names of
+    2026-12-03 and a later two-part run's; the newest wins per table; a table renders the rows its
+    file has (a cut configuration is no row), and a missing file names the part that runs it."""
+    import tempfile
+    import docs_plan
+    import docs_run
+    out = []
+    with tempfile.TemporaryDirectory() as runs:
+        def put(name, d):
+            json.dump(d, open(os.path.join(runs, name), "w"))
+        head = {"commit": "abc1234", "gpu": "GPU, 1", "torch": "2 x", "jax": "0", "date": "d", "command": "c"}
+        bench = '{"bytes": 512, "threads": 1, "median_ns": %s}'
+        put("2026-12-03-docs2-header.json", head)
+        put("2026-12-03-docs2-results-compat-inflight-rounds-share.json", {"runs": [
+            {"name": f"round{i}-{c}", "stdout": bench % 5} for i in (1, 2, 3) for c in ("driver", "growth-sync-trace-on")]})
+        put("2026-12-03-docs3-header.json", head)
+        put("2026-12-03-docs3-defaultpolicy.json", {})
+        put("2026-12-10-docs2-header.json", dict(head, date="new"))
+        put("2026-12-10-docs2-results-rounds-sharing-steps.json", {"runs": [
+            {"name": f"round{i}-driver", "stdout": bench % i} for i in (1, 2, 3)] + [
+            {"name": f"step-round{i}-torch-nocache-nocupool", "stdout": "step=1.5 ms loss_hex=0x1p-1"} for i in (1, 2, 3)]})
+        put("2026-12-10-docs1-header.json", dict(head, date="new"))
+        put("2026-12-10-docs1-results-compat-defaultpolicy-policies.json", {"runs": []})
+        run, tables, claims = docs_run.make(runs)
+        want = {"rounds": "2026-12-10-docs2-results-rounds-sharing-steps.json",
+                "steps": "2026-12-10-docs2-results-rounds-sharing-steps.json",
+                "compat": "2026-12-10-docs1-results-compat-defaultpolicy-policies.json",
+                "sharing": "2026-12-10-docs2-results-rounds-sharing-steps.json", "memviz": None}
+        for group, name in want.items():
+            at = run.results(group)
+            if (at and run.name(at)) != name:
+                out.append(f"DocsRun.results({group!r}): {at}, not {name}")
+        if run.name(run.find("defaultpolicy.json")) != "2026-12-03-docs3-defaultpolicy.json":
+            out.append(f"DocsRun.find('defaultpolicy.json'): {run.find('defaultpolicy.json')}")
+        pair = tables["docs-pair-cost"]()
+        if "2026-12-10-docs2" not in pair or "growth-sync-trace-on" in pair or "| driver | 512 B | 1 | 1 / 2 / 3 | 3 |" not in pair:
+            out.append(f"the pair-cost table of the newest run, its rows only: {pair}")
+        steps = tables["docs-steps"]()
+        if steps.count("\n| torch-") != 1 or "| 1.5 / 1.5 / 1.5 |" not in steps:
+            out.append(f"the steps table of the newest run, its rows only: {steps}")
+        part = next(k for k, p in zip(docs_plan.PART_NUMBERS, docs_plan.PARTS) if "sharing" in p["groups"])
+        if f"--part {part}/{len(docs_plan.PARTS)}" not in tables["docs-sharing"]():
+            out.append(f"a missing sharing.json: {tables['docs-sharing']()}")
+    return out
+
+
 failed += lag_check()
+failed += docs_run_check()
 for f in failed:
     print("FAIL:", f)
 print("ok" if not failed else f"{len(failed)} failed")
