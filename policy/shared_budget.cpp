@@ -290,7 +290,18 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
   // A member that leaves last may remove the segment between our open and our lock: then the
   // file we hold is unlinked (no link left), and we start again with a fresh one.
   constexpr int kAttempts = 100;
+  // A member making the segment in place, or leaving last, holds the membership byte alone for a
+  // moment: those moments are waited out (they are not attempts), up to kJoinWaitNs in all. On a
+  // loaded machine a maker can be off the CPU for a good part of a second.
+  constexpr std::uint64_t kJoinWaitNs = 10'000'000'000ull;
+  const std::uint64_t wait_until = now_ns() + kJoinWaitNs;
   for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    auto a_moment = [&] {
+      if (now_ns() >= wait_until) return false;
+      usleep(1000);
+      --attempt;
+      return true;
+    };
     // O_NONBLOCK: a FIFO planted at the name must not hang the open.
     int fd = shm_open(seg_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
     const bool missing = fd < 0 && errno == ENOENT;
@@ -366,10 +377,11 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
                     return std::string(m);
                   }() + ", not to " + (group ? "your group with mode 0660" : "you with mode 0600") + what_to_do);
     }
-    if (!ofd_lock(fd, kMembership, F_RDLCK)) {  // a last member is removing it: a moment
+    if (!ofd_lock(fd, kMembership, F_RDLCK)) {  // its maker sets it up, or a last member removes it
       close(fd);
-      usleep(1000);
-      continue;
+      if (a_moment()) continue;
+      return fail(path + " was held by one process alone for " + std::to_string(kJoinWaitNs / 1'000'000'000ull) +
+                  " s while joining (a member setting it up or removing it takes a moment); try again");
     }
     if (fstat(fd, &st) != 0 || st.st_nlink == 0) {  // removed before our lock: start again
       close(fd);
@@ -387,10 +399,7 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
       // Other members hold it and it is not a segment yet: made in place and being set up by one
       // of them (a moment), or not a budget at all (refused, once the moment is up).
       close(fd);
-      if (attempt + 1 < kAttempts) {
-        usleep(1000);
-        continue;
-      }
+      if (a_moment()) continue;
       return fail(path + " is not a budget of this cupool version (" + std::to_string(st.st_size) + " bytes)");
     }
     void* p = mmap(nullptr, sizeof(Segment), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
