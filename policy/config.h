@@ -58,6 +58,7 @@ struct Config {
   std::optional<std::uint64_t> release_idle_ns;      // no value: never give chunks back while running
   bool thread_cache = true;                          // per-thread caches in front of each pool
   bool vmm_cache = true;                             // recycle whole VMM mappings (every pooling policy)
+  bool vmm_tight = false;                            // vmm: wait for fences before mapping past the mark
   std::string trace_path;                            // empty: no trace; "%p" becomes the pid
   std::uint64_t trace_flush_ns = 100'000'000;        // the writer flushes at least this often
   std::uint32_t trace_buffer_events = 16384;         // per-thread buffer, in events

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "event_clock.h"
+#include "log.h"
 #include "thread_id.h"
 #include "vmm_range.h"
 
@@ -55,7 +56,18 @@ ContextPool::ContextPool(const Config& cfg, int device, Upstream& upstream, Pool
   account_ = account ? account : own_account_.get();
   step_ = growth::first_step(cfg_.growth_chunk);
   deferred_ = cfg_.free_mode == FreeMode::deferred;
-  vmm_ = std::make_unique<VmmRange>(*this, cfg_.policy == PolicyKind::vmm && up_.vmm_granularity() > 0);
+  vmm_ = std::make_unique<VmmRange>(*this, cfg_.policy == PolicyKind::vmm && up_.vmm_granularity() > 0, cfg_.vmm_tight);
+  if (cfg_.policy == PolicyKind::vmm && !vmm_->active())
+    say_vmm_fallback("the driver says " + up_.no_virtual_memory_reason());
+}
+
+// A default must never be why a program fails: where the vmm policy cannot run, the pool grows
+// in chunks as growth does, and says so once per device.
+void ContextPool::say_vmm_fallback(const std::string& why) const {
+  static std::atomic<std::uint64_t> said{0};  // a bit per device (0 to 63; the rest share bit 63)
+  const std::uint64_t bit = std::uint64_t{1} << std::min(device_, 63);
+  if (said.fetch_or(bit) & bit) return;
+  log_warn("device " + std::to_string(device_) + ": the vmm policy grows in chunks here, as growth does: " + why);
 }
 
 ContextPool::~ContextPool() {
@@ -409,6 +421,7 @@ FreeResult ContextPool::deallocate(std::uint64_t ptr, std::size_t* size, PoolSta
       retire_ready();
     }
     if (cfg_.release_idle_ns) check_idle(lk);
+    if (vmm_->active()) vmm_->settle(lk);
     return finish(st);
   }
   // sync mode, or deferred with one order of work only: stream order alone makes reuse safe
@@ -418,6 +431,7 @@ FreeResult ContextPool::deallocate(std::uint64_t ptr, std::size_t* size, PoolSta
   if (st == Suballocator::FreeStatus::freed) {
     note_free(ptr, info, false);
     if (cfg_.release_idle_ns) check_idle(lk);
+    if (vmm_->active()) vmm_->settle(lk);
   }
   return finish(st);
 }

@@ -207,6 +207,7 @@ class ContextPool final : public ThreadCacheOwner {
   PoolStats state_locked() const;
   PoolStats reported_state_locked() const;  // state_locked(), published: the caller unlocks next
   void publish_state_locked(const PoolStats& state) const;
+  void say_vmm_fallback(const std::string& why) const;  // once per device (VmmRange too)
   void emit(PoolEvent::Kind kind, std::uint64_t size, std::uint64_t ptr, std::uint64_t t0, std::uint64_t dur,
             OomClass oom = OomClass::none, int code = 0);
 

@@ -291,6 +291,7 @@ std::optional<std::string> parse_switch(std::string_view v, bool& out) {
 }
 
 std::optional<std::string> parse_vmm_cache(std::string_view v, Config& c) { return parse_switch(v, c.vmm_cache); }
+std::optional<std::string> parse_vmm_tight(std::string_view v, Config& c) { return parse_switch(v, c.vmm_tight); }
 
 std::optional<std::string> parse_preallocate_grow(std::string_view v, Config& c) {
   return parse_bool(v, c.preallocate_grow);
@@ -489,6 +490,9 @@ constexpr std::array<OptionInfo, kOptionCount> kOptions = {{
   {Option::vmm_cache, "CUPOOL_VMM_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
    "Keep whole virtual-memory mappings (cuMemCreate + cuMemAddressReserve + cuMemMap) the program frees and hand them back when it asks for the same size again, with no driver call (every policy but passthrough).",
    parse_vmm_cache},
+  {Option::vmm_tight, "CUPOOL_VMM_TIGHT", "bool", "off", "on, off (or true, false, 1, 0)",
+   "The vmm policy's tightest reserved / in use, at a cost in step time: before it maps past its mark, an allocation waits for the device to finish with granules that deferred frees left idle, so that they are unmapped first. Off: it maps at once, and those granules are unmapped once their fences have retired (docs/policies.md).",
+   parse_vmm_tight},
   {Option::share, "CUPOOL_SHARE", "name", "unset (no shared budget)", "1 to 64 letters, digits, '-', '_' or '.'",
    "Draw device memory from a budget shared by every process on the node that names it (CUPOOL_SHARE_LIMIT); the process's own CUPOOL_LIMIT still holds.",
    parse_share},
@@ -636,11 +640,11 @@ std::string describe(const Config& c) {
   const std::string limit = limit_text(c.limit);
   return fmt::format(
       "policy={} free={} limit={} preallocate={} preallocate_grow={} growth_chunk={} growth_chunk_max={} "
-      "release={} thread_cache={} vmm_cache={} trace={} trace_flush_ms={} trace_buffer={} trace_stacks={} log={}{}",
+      "release={} thread_cache={} vmm_cache={}{} trace={} trace_flush_ms={} trace_buffer={} trace_stacks={} log={}{}",
       kPolicyNames[static_cast<int>(c.policy)], kFreeNames[static_cast<int>(c.free_mode)], limit,
       format_size_spec(c.preallocate), c.preallocate_grow, format_size(c.growth_chunk), format_size(c.growth_chunk_max),
       c.release_idle_ns ? format_duration(*c.release_idle_ns) : std::string("never"), c.thread_cache ? "on" : "off",
-      c.vmm_cache ? "on" : "off",
+      c.vmm_cache ? "on" : "off", c.vmm_tight ? " vmm_tight=on" : "",
       c.trace_path.empty() ? std::string("off") : c.trace_path, c.trace_flush_ns / 1'000'000, c.trace_buffer_events,
       c.trace_stacks == 0 ? std::string("off") : fmt::format("1/{}", c.trace_stacks), c.log_level,
       c.share.empty() ? std::string()

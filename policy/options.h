@@ -28,7 +28,7 @@ using OptionParser = std::optional<std::string> (*)(std::string_view value, Conf
 // from here, and a row missing, extra or out of order does not compile (options.cpp).
 enum class Option : std::uint8_t {
   policy, free, limit, preallocate, preallocate_grow, growth_chunk, growth_chunk_max, release, thread_cache,
-  vmm_cache, share, share_limit, share_wait, share_access, trace, trace_flush_ms, trace_buffer, trace_stacks,
+  vmm_cache, vmm_tight, share, share_limit, share_wait, share_access, trace, trace_flush_ms, trace_buffer, trace_stacks,
   log_level,
   count
 };

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace cupool {
 
@@ -60,6 +61,9 @@ class Upstream {
   // an upstream without it answers 0 to vmm_granularity() and the pool grows in chunks instead.
   // Every address and size below is a multiple of the granularity.
   virtual std::size_t vmm_granularity() { return 0; }
+  // Why vmm_granularity() is 0, in words (for the one line that says the vmm policy grows in
+  // chunks instead).
+  virtual std::string no_virtual_memory_reason() { return "it has no virtual memory management"; }
   // A virtual range with no memory behind it.
   virtual UpstreamStatus reserve_address(std::size_t /*bytes*/, std::uint64_t* /*va*/) { return UpstreamStatus::error; }
   virtual void free_address(std::uint64_t /*va*/, std::size_t /*bytes*/) {}

@@ -57,7 +57,10 @@ bool VmmRange::setup(Lock& lk, Grow* fail) {
     *fail = {0, OomClass::device, 0};
     // No range (the driver would not reserve the addresses): the pool grows in chunks from now
     // on, as where the driver has no virtual memory, rather than fail every allocation.
-    if (!pool_.abandoned_) active_ = false;
+    if (!pool_.abandoned_) {
+      active_ = false;
+      pool_.say_vmm_fallback("the driver would not reserve a virtual range of " + std::to_string(size) + " bytes");
+    }
     return false;
   }
   base_ = va;
@@ -89,19 +92,20 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
     granules_.touch(p, bytes);
     if (granules_.ready(p, bytes)) return {p, OomClass::none, 0};
     // Memory is mapped past the mark (the most ever in blocks, and kMapSlack more) only once no
-    // idle granule can make room: idle granules go first, so that the peak of reserved follows
-    // the peak in use. Below the mark, idle granules stay: a loop whose use swings every step
-    // would otherwise unmap and map them again every step (docs/design.md, "The vmm policy").
-    // Idle granules that the device may still read (deferred frees) are waited for here: without
-    // the wait the pool mapped more, and the mark crept up step after step. Passing the mark is
-    // rare once a workload has seen its peak, so the wait is too.
-    blocks_high_ = std::max(blocks_high_, pool_.sub_.in_use() + pool_.sub_.held());
-    const std::uint64_t mark = round_up(blocks_high_ + blocks_high_ / kMapSlack, granules_.granule());
+    // idle granule that is safe to unmap can make room: idle granules go first, so that the peak
+    // of reserved follows the peak in use. Below the mark, idle granules stay: a loop whose use
+    // swings every step would otherwise unmap and map them again every step (docs/design.md,
+    // "The vmm policy"). Idle granules that the device may still read (deferred frees, their
+    // fence not yet retired) are not waited for: the map goes past the mark at once, and they go
+    // once their fence has retired (settle(), at a later free or map). Waiting for them kept
+    // reserved tightest but cost the transformer's step on the H200 (issue 39; docs/design.md): with
+    // CUPOOL_VMM_TIGHT the allocation still waits.
+    const std::uint64_t mark = note_mark();
     const std::uint64_t after = granules_.mapped_bytes() + pool_.transit_ + granules_.missing_bytes(p, bytes);
     if (after > mark && granules_.idle_bytes() > 0) {
       const std::uint64_t want = after - mark;
       const std::uint64_t got = unmap_idle(lk, want, false);
-      if (!pool_.abandoned_ && got < want && granules_.idle_bytes() > 0) unmap_idle(lk, want - got, true);
+      if (tight_ && !pool_.abandoned_ && got < want && granules_.idle_bytes() > 0) unmap_idle(lk, want - got, true);
       if (pool_.abandoned_) return {0, OomClass::device, 0};
     }
     std::uint64_t need = 0;
@@ -148,6 +152,28 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
     if (granules_.ready(p, bytes)) return {p, OomClass::none, 0};
     undo();  // that thread's map failed: try again
   }
+}
+
+// The mark: the most ever in blocks (live, quarantined, cached), and 1/kMapSlack more, in granules.
+std::uint64_t VmmRange::note_mark() {
+  blocks_high_ = std::max(blocks_high_, pool_.sub_.in_use() + pool_.sub_.held());
+  return round_up(blocks_high_ + blocks_high_ / kMapSlack, granules_.granule());
+}
+
+// After a map past the mark that did not wait, idle granules above it go back here, once the
+// fence placed after their frees has retired: the allocating thread never waits for them, and
+// reserved comes back to the mark soon after the peak (the next free or map after the fence
+// retires; fences are placed and polled at most once per sealing interval).
+void VmmRange::settle(Lock& lk) {
+  if (!active_ || size_ == 0 || granules_.idle_bytes() == 0) return;
+  // The mark as the last map saw it: taken at frees too, it rose with blocks that no map needed.
+  const std::uint64_t mark = round_up(blocks_high_ + blocks_high_ / kMapSlack, granules_.granule());
+  const std::uint64_t mapped = granules_.mapped_bytes() + pool_.transit_;
+  if (mapped <= mark) return;
+  const std::uint64_t t = pool_.now();
+  if (t < settle_due_) return;
+  settle_due_ = t + Quarantine::kSealIntervalNs;
+  unmap_idle(lk, mapped - mark, false);
 }
 
 // Deferred frees in one order of work leave idle granules that the device may still be using: a

@@ -18,7 +18,8 @@ class VmmRange {
   using Grow = ContextPool::Grow;
 
   // `on`: the vmm policy is chosen and the upstream has virtual memory.
-  VmmRange(ContextPool& pool, bool on) : pool_(pool), active_(on) {}
+  // `tight`: wait for fences before mapping past the mark (CUPOOL_VMM_TIGHT).
+  VmmRange(ContextPool& pool, bool on, bool tight) : pool_(pool), active_(on), tight_(tight) {}
 
   // The policy is in force. False from the start without virtual memory, and from a failed
   // reservation of the range on (the pool then grows in chunks). Read without the lock.
@@ -35,6 +36,9 @@ class VmmRange {
   // A block of `size` at `ptr` was freed: its granules lose a user. `fenced`: no device work can
   // still use it (a sync free's wait, or a retired fence); else `deferred` says whether it may.
   void note_free(std::uint64_t ptr, std::uint64_t size, bool fenced, bool deferred);
+  // Unmaps idle granules above the mark whose fences have retired, without waiting (at most once
+  // per sealing interval): where reserved comes back after a map past the mark that did not wait.
+  void settle(Lock& lk);
   // The pool is going: every granule mapped, then the range, goes back (no lock: no one else is left).
   void release_all();
   void clear();  // the context is gone: forget everything, never call the upstream
@@ -51,10 +55,12 @@ class VmmRange {
 
  private:
   bool setup(Lock& lk, Grow* fail);
+  std::uint64_t note_mark();
   void cover_idle();
 
   ContextPool& pool_;
   std::atomic<bool> active_;
+  const bool tight_;
   bool busy_ = false;  // the range is being reserved (outside the lock)
   std::uint64_t base_ = 0, size_ = 0;
   Granules granules_;
@@ -64,6 +70,7 @@ class VmmRange {
   FenceId unmap_fence_ = 0;            // placed for idle granules, not yet seen retired...
   std::uint64_t unmap_fence_seq_ = 0;  // ...covering frees up to this sequence number
   std::uint64_t unmap_fence_due_ = 0;  // cover_idle places or polls it no sooner than this
+  std::uint64_t settle_due_ = 0;       // settle() looks again no sooner than this
 };
 
 }  // namespace cupool

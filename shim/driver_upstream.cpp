@@ -312,9 +312,24 @@ std::size_t DriverUpstream::vmm_granularity() {
   std::size_t g = 0;
   const CUmemAllocationProp prop = device_memory_prop(device_);
   auto query = driver().mem_get_allocation_granularity;
-  if (query == nullptr || !CUPOOL_REAL(cuMemCreate) || !CUPOOL_REAL(cuMemMap) || !CUPOOL_REAL(cuMemSetAccess) ||
-      !CUPOOL_REAL(cuMemAddressReserve) || query(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || g == 0) {
+  int vmm_attribute = 1;
+  if (auto attr = driver().device_get_attribute;
+      attr && attr(&vmm_attribute, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, device_) == CUDA_SUCCESS &&
+      vmm_attribute == 0) {
     vmm_unsupported_ = true;
+    no_vmm_reason_ = "device " + std::to_string(device_) +
+                     " has no virtual memory management (CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)";
+    return 0;
+  }
+  if (query == nullptr || !CUPOOL_REAL(cuMemCreate) || !CUPOOL_REAL(cuMemMap) || !CUPOOL_REAL(cuMemSetAccess) ||
+      !CUPOOL_REAL(cuMemAddressReserve)) {
+    vmm_unsupported_ = true;
+    no_vmm_reason_ = "it lacks the virtual memory calls (cuMemCreate, cuMemMap, cuMemSetAccess, cuMemAddressReserve)";
+    return 0;
+  }
+  if (const CUresult rc = query(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM); rc != CUDA_SUCCESS || g == 0) {
+    vmm_unsupported_ = true;
+    no_vmm_reason_ = "cuMemGetAllocationGranularity gave no granularity (CUresult " + std::to_string(static_cast<int>(rc)) + ")";
     return 0;
   }
   // Exportable granules (CUDA IPC of vmm blocks) where the device offers file descriptors. The
@@ -326,6 +341,11 @@ std::size_t DriverUpstream::vmm_granularity() {
     fd_handles_.store(fd_ok != 0, std::memory_order_relaxed);
   granularity_.store(g, std::memory_order_release);
   return g;
+}
+
+std::string DriverUpstream::no_virtual_memory_reason() {
+  std::lock_guard lock(vmm_mutex_);
+  return no_vmm_reason_.empty() ? std::string("it has no virtual memory management") : no_vmm_reason_;
 }
 
 bool DriverUpstream::shareable() { return vmm_granularity() != 0 && fd_handles_.load(std::memory_order_relaxed); }

@@ -34,6 +34,7 @@ class DriverUpstream final : public Upstream {
   // and released on its own; a run of granules is mapped in one call of map() and made
   // accessible with one cuMemSetAccess.
   std::size_t vmm_granularity() override;
+  std::string no_virtual_memory_reason() override;
   UpstreamStatus reserve_address(std::size_t bytes, std::uint64_t* va) override;
   void free_address(std::uint64_t va, std::size_t bytes) override;
   UpstreamStatus map(std::uint64_t va, std::size_t bytes, int* driver_code) override;
@@ -105,7 +106,8 @@ class DriverUpstream final : public Upstream {
   std::vector<CUdevice> peers_;  // devices granted access to this context's memory (grant_peer)
   bool vmm_released_ = false;    // release_virtual_memory ran: a map finishing later gives its handles back
   std::atomic<std::size_t> granularity_{0};  // 0: not asked yet
-  bool vmm_unsupported_ = false;             // the driver has no VMM (under vmm_mutex_)
+  bool vmm_unsupported_ = false;             // the driver has no VMM (under vmm_mutex_)...
+  std::string no_vmm_reason_;                // ...and why (under vmm_mutex_)
   // Granules are asked for with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: set with the
   // granularity from the device's attribute, cleared for good if cuMemCreate refuses the type.
   std::atomic<bool> fd_handles_{false};

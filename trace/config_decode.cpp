@@ -93,6 +93,7 @@ std::optional<Config> decode_config(const nlohmann::json& j, std::string* why) {
   // Keys added after format 2.0: absent in older traces, which had these defaults' behaviour.
   if (j.contains("thread_cache") && !boolean("thread_cache", &c.thread_cache)) return fail("bad \"thread_cache\"");
   if (j.contains("vmm_cache") && !boolean("vmm_cache", &c.vmm_cache)) return fail("bad \"vmm_cache\"");
+  if (j.contains("vmm_tight") && !boolean("vmm_tight", &c.vmm_tight)) return fail("bad \"vmm_tight\"");
   text("trace", &c.trace_path);
   u64("trace_flush_ns", &c.trace_flush_ns);
   if (std::uint64_t events = 0; u64("trace_buffer_events", &events)) c.trace_buffer_events = static_cast<std::uint32_t>(events);

@@ -48,7 +48,7 @@ std::string config_json(const Config& c) {
   out += fmt::format(",\"preallocate_grow\":{},\"growth_chunk\":{},\"growth_chunk_max\":{},\"release_idle_ns\":",
                      c.preallocate_grow, c.growth_chunk, c.growth_chunk_max);
   out += c.release_idle_ns ? fmt::format("{}", *c.release_idle_ns) : std::string("null");
-  out += fmt::format(",\"thread_cache\":{},\"vmm_cache\":{}", c.thread_cache, c.vmm_cache);
+  out += fmt::format(",\"thread_cache\":{},\"vmm_cache\":{},\"vmm_tight\":{}", c.thread_cache, c.vmm_cache, c.vmm_tight);
   out += ",\"trace\":";
   append_quoted(out, c.trace_path);
   out += fmt::format(",\"trace_flush_ns\":{},\"trace_buffer_events\":{},\"trace_stacks\":{},\"log_level\":",

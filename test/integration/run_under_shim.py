@@ -198,6 +198,9 @@ def main():
     ap.add_argument("--policy", default="passthrough")
     ap.add_argument("--free", default="sync")
     ap.add_argument("--sanitized", action="store_true")
+    # The device has no virtual memory (CUPOOL_SIM_NO_VMM=1): the vmm policy must grow in chunks,
+    # as growth does, and say so in one line.
+    ap.add_argument("--expect-no-vmm", action="store_true")
     ap.add_argument("program")
     ap.add_argument("args", nargs="*")
     a = ap.parse_args()
@@ -260,6 +263,14 @@ def main():
                      f"{report['reachable']} of 3 reachable from device 1")
         if "bytes" in report and report["bytes"] > totals[2]:
             fail(f"{name}: program asked for {report['bytes']} bytes, trace has {totals[2]}")
+        if a.expect_no_vmm:
+            said = [l for l in proc.stderr.splitlines() if "the vmm policy grows in chunks here, as growth does" in l]
+            if len(said) != 1 or "VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0" not in said[0]:
+                fail(f"{name}: expected one line saying the vmm policy grows in chunks, and why; stderr had {said}")
+            for t in own:
+                grows = [e for e in read_trace(t)[1] if e["ev"] == "grow"]
+                if not grows or any(e.get("granules") for e in grows):
+                    fail(f"{name}: expected chunks, not granules, without virtual memory: {grows[:3]}")
         print(f"ok: {name} policy={a.policy} free={a.free}: {totals[0]} allocs, {totals[1]} frees in {len(own)} trace(s)")
 
 

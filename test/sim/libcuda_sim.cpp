@@ -849,6 +849,13 @@ void do_init() {
 }
 
 // CUPOOL_SIM_NO_FD_HANDLES names how the device lacks exportable (POSIX fd) memory, if it does.
+// CUPOOL_SIM_NO_VMM=1: a device without virtual memory management, as older GPUs and some
+// virtualized ones are: its attribute says 0, and the calls answer CUDA_ERROR_NOT_SUPPORTED.
+bool no_vmm() {
+    const char* v = std::getenv("CUPOOL_SIM_NO_VMM");
+    return v && std::strcmp(v, "1") == 0;
+}
+
 bool no_fd_handles(const char* how) {
     const char* v = std::getenv("CUPOOL_SIM_NO_FD_HANDLES");
     return v && std::strcmp(v, how) == 0;
@@ -1875,9 +1882,9 @@ CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) 
     case CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS:
     case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
     case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
-    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED: v = no_vmm() ? 0 : 1; break;
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
-        v = no_fd_handles("attribute") ? 0 : 1; break;
+        v = no_fd_handles("attribute") || no_vmm() ? 0 : 1; break;
     case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
         v = 1; break;
@@ -2307,6 +2314,7 @@ CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocatio
                                        CUmemAllocationGranularity_flags) {
     CHECK_INIT();
     if (granularity == nullptr || prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
+    if (no_vmm()) return CUDA_ERROR_NOT_SUPPORTED;
     *granularity = kGranularity;
     return CUDA_SUCCESS;
 }
@@ -2316,6 +2324,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
     CHECK_INIT();
     g_vmm_calls.fetch_add(1);
     if (handle == nullptr || prop == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (no_vmm()) return CUDA_ERROR_NOT_SUPPORTED;
     if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2351,6 +2360,7 @@ CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
 CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long flags) {
     CHECK_INIT();
     g_vmm_calls.fetch_add(1);
+    if (no_vmm()) return CUDA_ERROR_NOT_SUPPORTED;
     if (ptr == nullptr || size == 0 || size % kGranularity != 0 || flags != 0) return CUDA_ERROR_INVALID_VALUE;
     if (alignment == 0) alignment = kGranularity;
     if ((alignment & (alignment - 1)) != 0) return CUDA_ERROR_INVALID_VALUE;

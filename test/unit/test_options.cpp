@@ -74,7 +74,7 @@ TEST_CASE("the table names every variable once, with everything filled in", "[op
     CHECK(!o.meaning.empty());
     CHECK(o.parse != nullptr);
   }
-  CHECK(names.size() == 19);
+  CHECK(names.size() == cupool::kOptionCount);
 }
 
 TEST_CASE("CUPOOL_POLICY", "[options]") {
