@@ -410,12 +410,20 @@ std::unique_ptr<SharedBudget> SharedBudget::join(const std::string& name, const 
     }
     std::unique_ptr<SharedBudget> b = member(fd, p);
     Segment& s = *b->seg_;
-    if (alone) {
+    // Alone, but a process still holds a slot: a member that has left (leave() gives the
+    // membership byte up first) and is exiting; its threads may still count in its slot. The
+    // budget is kept as it is and joined, never set up afresh under it.
+    bool slot_held = false;
+    if (alone && s.ready.load(std::memory_order_acquire) != 0 && s.magic == kMagic && s.layout == kLayoutVersion)
+      for (int i = 0; i < kMaxMembers && !slot_held; ++i) slot_held = ofd_locked_by_other(fd, slot_byte(i));
+    if (alone && !slot_held) {
       set_up(s);
       if (!ofd_lock(fd, kMembership, F_RDLCK))  // our own byte, back to shared: others may join now
         return fail("cannot share the membership byte of " + path + ": " + std::strerror(errno));
       return b;
     }
+    if (alone && !ofd_lock(fd, kMembership, F_RDLCK))  // our own byte, back to shared
+      return fail("cannot share the membership byte of " + path + ": " + std::strerror(errno));
     // Another member set it up before it let us take the membership byte.
     if (s.ready.load(std::memory_order_acquire) == 0 || s.magic != kMagic || s.layout != kLayoutVersion ||
         s.max_members != kMaxMembers || s.max_devices != kMaxDevices)
@@ -528,6 +536,11 @@ void SharedBudget::leave() {
   // of this process may still allocate: the slot stays, in the file they map, until the process
   // ends and the kernel lets go of its locks. A joiner that opened the old file finds it gone
   // (no link left, or the byte held) and makes a new one.
+  // Our own membership goes first: two members leaving at the same moment each found the other's
+  // byte held and neither removed the segment (the stress loop left one behind in about one run
+  // of examples/share/two_jobs.sh in ten). A joiner that finds only leaving members' slots held
+  // joins the budget as it is (join()).
+  ofd_lock(fd_, kMembership, F_UNLCK);
   if (!ofd_lock(fd_, kMembership, F_WRLCK)) return;
   struct stat held{}, named{};
   if (fstat(fd_, &held) == 0 && stat(path_.c_str(), &named) == 0 && held.st_ino == named.st_ino &&
