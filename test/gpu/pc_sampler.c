@@ -69,6 +69,9 @@ __attribute__((destructor)) static void finish(void) {
   setitimer(ITIMER_PROF, &off, NULL);
   unsigned n = atomic_load(&count);
   if (n > MAX_SAMPLES) n = MAX_SAMPLES;
+  // A process that ran no sampled code (a `timeout` or shell around the program inherits the
+  // preload too) writes nothing: it would overwrite the program's profile.
+  if (n == 0) return;
   qsort(samples, n, sizeof *samples, cmp_ul);
   FILE* f = fopen(path, "w");
   if (f == NULL) return;
