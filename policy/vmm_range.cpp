@@ -154,26 +154,30 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
   }
 }
 
-// The mark: the most ever in blocks (live, quarantined, cached), and 1/kMapSlack more, in granules.
+// The mark: the most ever in blocks (live, quarantined, cached) as maps saw it, and 1/kMapSlack
+// more, in granules.
+std::uint64_t VmmRange::mark() const { return round_up(blocks_high_ + blocks_high_ / kMapSlack, granules_.granule()); }
+
+// A map notes the blocks it serves among the most ever in blocks.
 std::uint64_t VmmRange::note_mark() {
   blocks_high_ = std::max(blocks_high_, pool_.sub_.in_use() + pool_.sub_.held());
-  return round_up(blocks_high_ + blocks_high_ / kMapSlack, granules_.granule());
+  return mark();
 }
 
 // After a map past the mark that did not wait, idle granules above it go back here, once the
 // fence placed after their frees has retired: the allocating thread never waits for them, and
-// reserved comes back to the mark soon after the peak (the next free or map after the fence
-// retires; fences are placed and polled at most once per sealing interval).
+// reserved comes back to the mark soon after the peak (at the next free that reaches the pool
+// once the fence has retired; fences are placed and polled at most once per sealing interval).
 void VmmRange::settle(Lock& lk) {
   if (!active_ || size_ == 0 || granules_.idle_bytes() == 0) return;
-  // The mark as the last map saw it: taken at frees too, it rose with blocks that no map needed.
-  const std::uint64_t mark = round_up(blocks_high_ + blocks_high_ / kMapSlack, granules_.granule());
+  // The mark as the last map saw it (noted at frees too, it rose with blocks that no map needed).
+  const std::uint64_t limit = mark();
   const std::uint64_t mapped = granules_.mapped_bytes() + pool_.transit_;
-  if (mapped <= mark) return;
+  if (mapped <= limit) return;
   const std::uint64_t t = pool_.now();
   if (t < settle_due_) return;
   settle_due_ = t + Quarantine::kSealIntervalNs;
-  unmap_idle(lk, mapped - mark, false);
+  unmap_idle(lk, mapped - limit, false);
 }
 
 // Deferred frees in one order of work leave idle granules that the device may still be using: a

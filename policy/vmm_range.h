@@ -55,6 +55,7 @@ class VmmRange {
 
  private:
   bool setup(Lock& lk, Grow* fail);
+  std::uint64_t mark() const;
   std::uint64_t note_mark();
   void cover_idle();
 
