@@ -1,6 +1,10 @@
 // Allocation+free pair cost, as the program sees it, single thread and 8 threads.
 //   bench_alloc malloc   cudaMalloc+cudaFree (the pool under cupool; the driver without it)
 //   bench_alloc async    cudaMallocAsync+cudaFreeAsync on a warm pool (release threshold max)
+//   bench_alloc steady THREADS SECONDS   512-byte cudaMalloc+cudaFree pairs on THREADS threads that
+//                        live the whole run, in batches of 20000 with a 100 ms pause after each, so
+//                        that a trace writer drains between them: what a profiler samples is the
+//                        traced pair with its ring never full, not a ring's first touch (issue 38)
 // Prints one JSON line per (mode, bytes, threads): median ns per pair over batches of pairs.
 #include <cuda_runtime.h>
 
@@ -40,7 +44,33 @@ static double run_thread(size_t bytes, int batches, int per_batch, cudaStream_t 
   return samples[samples.size() / 2];
 }
 
+static int steady(int threads, double seconds) {
+  cudaFree(nullptr);
+  std::vector<std::vector<double>> per(threads);
+  std::vector<std::thread> pool;
+  const double end = now_ns() + seconds * 1e9;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      run_thread(512, 1, 20000, nullptr);  // the first batch makes the thread's ring: not counted
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      while (now_ns() < end) {
+        per[t].push_back(run_thread(512, 1, 20000, nullptr));
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    });
+  for (auto& th : pool) th.join();
+  std::vector<double> all;
+  for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  if (all.empty()) return 1;
+  std::printf("{\"bench\": \"steady\", \"bytes\": 512, \"threads\": %d, \"batches\": %zu, \"min_ns\": %.1f, "
+              "\"median_ns\": %.1f, \"max_ns\": %.1f}\n",
+              threads, all.size(), all.front(), all[all.size() / 2], all.back());
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc > 3 && std::strcmp(argv[1], "steady") == 0) return steady(std::atoi(argv[2]), std::atof(argv[3]));
   g_async = argc > 1 && std::strcmp(argv[1], "async") == 0;
   const char* label = argc > 2 ? argv[2] : (g_async ? "cudaMallocAsync" : "cudaMalloc");
   cudaFree(nullptr);
