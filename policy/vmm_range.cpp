@@ -142,8 +142,13 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
     }
     for (std::size_t i = 0; i < runs.size(); ++i) granules_.end_map(runs[i], i < done.size());
     for (std::size_t i = 0; i < done.size(); ++i) pool_.emit(PoolEvent::Kind::grow, runs[i].bytes, runs[i].va, done[i].t0, done[i].dur);
+    if (!done.empty()) mapped_once_ = true;
     if (st != UpstreamStatus::ok) {
       undo();  // what was mapped stays, idle
+      // The driver refused the first granule ever (not for want of memory): it will refuse the
+      // next too (a device or driver that reserves addresses but creates no such memory). The
+      // pool grows in chunks instead, as growth does; grow() asks again.
+      if (st == UpstreamStatus::error && !mapped_once_ && give_up(lk, code)) return {0, OomClass::device, 0};
       return {0, st == UpstreamStatus::share_exhausted ? OomClass::share : OomClass::device, code};
     }
     // A granule at its edge that another thread was mapping: wait for the outcome.
@@ -152,6 +157,25 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
     if (granules_.ready(p, bytes)) return {p, OomClass::none, 0};
     undo();  // that thread's map failed: try again
   }
+}
+
+// Gives the range back and turns the policy off, once no other map is in flight (they were
+// refused too, or one succeeded, and then the refusal was not a "never"). True when the policy
+// is off on return, by this call or another thread's.
+bool VmmRange::give_up(Lock& lk, int driver_code) {
+  pool_.transit_cv_.wait(lk, [&] { return pool_.abandoned_ || !active_ || mapped_once_ || pool_.growing_ == 0; });
+  if (!active_) return true;
+  if (pool_.abandoned_ || mapped_once_ || size_ == 0) return false;
+  pool_.sub_.remove_chunk(base_);  // no block can be in it: none was ever mapped
+  pool_.publish_ranges_locked();
+  const std::uint64_t base = base_, size = size_;
+  clear();
+  active_ = false;
+  pool_.up_.free_address(base, size);  // under the lock: rare, and no other call is in flight
+  pool_.transit_cv_.notify_all();
+  pool_.say_vmm_fallback("the driver refused its memory (cuMemCreate or cuMemMap: CUDA error " +
+                         std::to_string(driver_code) + ")");
+  return true;
 }
 
 // The mark: the most ever in blocks (live, quarantined, cached) as maps saw it, and 1/kMapSlack

@@ -22,7 +22,8 @@ class VmmRange {
   VmmRange(ContextPool& pool, bool on, bool tight) : pool_(pool), active_(on), tight_(tight) {}
 
   // The policy is in force. False from the start without virtual memory, and from a failed
-  // reservation of the range on (the pool then grows in chunks). Read without the lock.
+  // reservation of the range, or a first granule the driver refused, on (the pool then grows in
+  // chunks). Read without the lock.
   bool active() const { return active_; }
   std::uint64_t mapped_bytes() const { return granules_.mapped_bytes(); }
 
@@ -55,6 +56,7 @@ class VmmRange {
 
  private:
   bool setup(Lock& lk, Grow* fail);
+  bool give_up(Lock& lk, int driver_code);
   std::uint64_t mark() const;
   std::uint64_t note_mark();
   void cover_idle();
@@ -65,6 +67,7 @@ class VmmRange {
   bool busy_ = false;  // the range is being reserved (outside the lock)
   std::uint64_t base_ = 0, size_ = 0;
   Granules granules_;
+  bool mapped_once_ = false;           // a granule was mapped: a later refusal is not the driver's "never"
   std::uint64_t blocks_high_ = 0;      // the most bytes in blocks (live, quarantined, cached) seen at a map
   std::uint64_t free_seq_ = 1;         // advances past each fence placed for idle granules
   std::uint64_t safe_seq_ = 0;         // idle granules freed at or before it may be unmapped

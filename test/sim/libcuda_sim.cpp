@@ -13,6 +13,7 @@
 //   CUPOOL_SIM_ALLOC_LATENCY_US   sleep in cuMemAlloc_v2/cuMemAllocPitch_v2/cuMemAllocManaged/cuMemFree_v2
 //   CUPOOL_SIM_FAIL_ALLOC_AFTER   allocations (any kind) after the Nth fail with CUDA_ERROR_OUT_OF_MEMORY
 //   CUPOOL_SIM_IPC_HANDLE_TAIL    IPC handles use bytes 56..63 too (as the H200's did for a 42 GB allocation)
+//   CUPOOL_SIM_NO_VMM             1: no virtual memory management; create: cuMemCreate refuses (see no_vmm())
 //   CUPOOL_SIM_NO_FD_HANDLES      "attribute": the device says it has no POSIX fd handles; "create":
 //                                 it says it has, but cuMemCreate refuses that handle type
 
@@ -851,9 +852,15 @@ void do_init() {
 // CUPOOL_SIM_NO_FD_HANDLES names how the device lacks exportable (POSIX fd) memory, if it does.
 // CUPOOL_SIM_NO_VMM=1: a device without virtual memory management, as older GPUs and some
 // virtualized ones are: its attribute says 0, and the calls answer CUDA_ERROR_NOT_SUPPORTED.
+// CUPOOL_SIM_NO_VMM=create: the attribute says 1 and addresses are reserved, but cuMemCreate
+// answers CUDA_ERROR_NOT_SUPPORTED (a driver that refuses the granule itself).
 bool no_vmm() {
     const char* v = std::getenv("CUPOOL_SIM_NO_VMM");
     return v && std::strcmp(v, "1") == 0;
+}
+bool no_vmm_memory() {
+    const char* v = std::getenv("CUPOOL_SIM_NO_VMM");
+    return v && std::strcmp(v, "create") == 0;
 }
 
 bool no_fd_handles(const char* how) {
@@ -2324,7 +2331,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const CU
     CHECK_INIT();
     g_vmm_calls.fetch_add(1);
     if (handle == nullptr || prop == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
-    if (no_vmm()) return CUDA_ERROR_NOT_SUPPORTED;
+    if (no_vmm() || no_vmm_memory()) return CUDA_ERROR_NOT_SUPPORTED;
     if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
     if (prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
         return CUDA_ERROR_INVALID_VALUE;
