@@ -22,30 +22,29 @@ Issue 38 asked for two calls under 10 minutes each and 15 minutes in all; cut fo
   - sharing: the capped ways, growth-capped (37.9 s) and vmm-capped (38.9 s): scenario runs
     278.1 - 76.8 = 201.3 s (3 ways x 3 rounds: SHARING_WAYS), + the jobs alone and nvidia-smi
     ~47 s: ~248 s;
-  - defaultpolicy's own transformer runs without cupool (26.9 s; CUPOOL_GPU_DEFAULTPOLICY_REFS=0:
-    group compat, in the same part, runs the transformer without cupool in both cache modes):
-    262.8 - 26.9 = 235.9 s;
   - the compatibility suite (76.0 s, its RESULT line) runs beside group compat (185.2 s of runs:
     torch 103.1, jax 51.1, jaxmlp 25.5, cupy 2.7, workload 2.8), whose runs go 4 at a time
     (CUPOOL_GPU_SUITE_BESIDE_COMPAT, CUPOOL_GPU_COMPAT_JOBS: neither times anything the pages
     quote, and no timed group starts before both are done): at least max(76.0, 185.2 / 4) = 76 s,
     estimated ~110 s with the two sharing the host's 16 cores and the GPU (not yet measured).
+  - defaultpolicy (262.8 s, and ~190 s more since issue 39 added CuPy and a Hugging Face model)
+    is not part of the docs run: it is the default-policy decision, a GPU run of its own
+    (`run_all.sh BUILD CARRY OUT --only defaultpolicy`, one call of ~480 s), kept as
+    DATE-decision-FILE (`docs_plan.py save OUT docs/gpu-runs/DATE-decision`); its tables read the
+    newest defaultpolicy.json of a docs run or a decision run.
 Not cut: the suite's 10 runs a program (two without cupool and the 8 configurations are its
-columns and its checks; run_compat.py has no setting for fewer); defaultpolicy's growth
-transformer runs, the same settings as steps' torch-nocache-growth-deferred (CUPOOL_FREE's
-default is deferred; only MODE's label differs), since each is held to its own group's
-alternating rounds (growth against vmm; cupool against the runs without it).
-  part 1 (suite + compat, defaultpolicy, policies): 110 + 235.9 + 131.3 (policies: 2 x 3 runs)
-    + 10 + 7 = ~494 s;
-  part 2 (rounds, steps, sharing): 67.5 + 169.2 + 248.3 + 0.4 (share-startup) + 10 + 6 = ~501 s.
-Total ~995 s of the two commands, ~1045 s with the calls' ~25 s each: two calls under 10 minutes,
-but over the 15 minutes in all (the quoted runs left sum to ~870 s). The next cuts, per part, are
-the pages' decision: defaultpolicy's varlen rows (124.5 s), policies (131.3 s), steps' JAX rows
-(56.4 s), or shorter workloads. run_all.py rewrites its results file after every run, so a part
-cut at the limit keeps what it measured ("complete": false).
+columns and its checks; run_compat.py has no setting for fewer).
+  part 1 (suite + compat, steps, policies): 110 + 169.2 + 131.3 (policies: 2 x 3 runs) + 10 + 6
+    = ~427 s;
+  part 2 (rounds, sharing): 67.5 + 248.3 + 0.4 (share-startup) + 10 = ~326 s.
+Total ~753 s of the two commands, ~800 s with the calls' ~25 s each: two calls under 10 minutes,
+15 minutes in all (estimates from the old run's times, not yet a measured docs run). The next cuts,
+if a part runs long, are the pages' decision: policies (131.3 s), steps' JAX rows (56.4 s), or
+shorter workloads. run_all.py rewrites its results file after every run, so a part cut at the
+limit keeps what it measured ("complete": false).
 
 The kept files are named by the part's groups (results-<groups>.json; part 1's
-results-compat-defaultpolicy-policies.json, part 2's results-rounds-sharing-steps.json) or by what
+results-compat-policies-steps.json, part 2's results-rounds-sharing.json) or by what
 they hold (compat.json, defaultpolicy.json, policies-roundN-policies.json, sharing.json):
 docs_run.py reads each table from the newest kept file of its name, in whichever part it lies.
 """
@@ -55,16 +54,15 @@ import sys
 
 ROUNDS = 3
 PARTS = [
-    {"groups": ["suite", "compat", "defaultpolicy", "policies"], "estimate_s": 494,
+    {"groups": ["suite", "compat", "steps", "policies"], "estimate_s": 427,
      "env": {"CUPOOL_GPU_SUITE_BESIDE_COMPAT": "1", "CUPOOL_GPU_COMPAT_JOBS": "4",
-             "CUPOOL_GPU_DEFAULTPOLICY_REFS": "0",
-             "CUPOOL_GPU_POLICIES_ROUNDS_OF": "pt-caching-nocupool-1,pt-expandable-nocupool"}},
-    {"groups": ["rounds", "steps", "sharing"], "estimate_s": 501,
-     "env": {"CUPOOL_GPU_ROUNDS_CONFIGS": "driver,async,growth-deferred-trace-off,growth-deferred-trace-on,"
-                                          "growth-sync-trace-off,vmm-deferred-trace-off",
+             "CUPOOL_GPU_POLICIES_ROUNDS_OF": "pt-caching-nocupool-1,pt-expandable-nocupool",
              "CUPOOL_GPU_STEPS_CONFIGS": "torch-caching-nocupool,torch-nocache-nocupool,"
                                          "torch-nocache-growth-deferred,jax-bfc-nocupool,jax-platform-nocupool,"
-                                         "jax-platform-growth-deferred",
+                                         "jax-platform-growth-deferred"}},
+    {"groups": ["rounds", "sharing"], "estimate_s": 326,
+     "env": {"CUPOOL_GPU_ROUNDS_CONFIGS": "driver,async,growth-deferred-trace-off,growth-deferred-trace-on,"
+                                          "growth-sync-trace-off,vmm-deferred-trace-off",
              "SHARING_WAYS": "preallocate-fixed,growth-shared,vmm-shared",
              "SHARING_SCENARIOS": "varlen-varlen-transformer:0.7", "SHARING_ROUNDS": str(ROUNDS)}},
 ]

@@ -8,7 +8,9 @@ run_all.py ran a group (DocsRun.results: results-TAG.json, TAG the part's groups
 and gets the newest such file of any part of any kept docs run. So the four-part run of
 2026-12-02/03 (its part 2's results-compat-inflight-rounds-share.json holds the frameworks and
 the pair cost) and a two-part run after it (results-compat-...json and results-...-rounds-...json,
-whatever parts docs_plan.py puts them in) are read alike; the newest date wins, table by table."""
+whatever parts docs_plan.py puts them in) are read alike; the newest date wins, table by table.
+The default-policy tables read defaultpolicy.json from a docs part or from the decision's own run
+(DATE-decision-FILE), whichever is newer."""
 import json
 import os
 import re
@@ -19,7 +21,9 @@ import docs_plan  # test/gpu/docs_plan.py: the parts, and which group each holds
 from results import exact_result, last_json  # test/gpu/results.py
 
 MiB = 2 ** 20
-KEPT = re.compile(r"(\d{4}-\d\d-\d\d-docs\d+)-(.+)")  # DATE-docsK-FILE
+# DATE-docsK-FILE (a part of a docs run) or DATE-decision-FILE (the default-policy decision, a run
+# of its own: docs_plan.py)
+KEPT = re.compile(r"(\d{4}-\d\d-\d\d-(?:docs\d+|decision))-(.+)")
 
 
 class DocsRun:
@@ -52,6 +56,9 @@ class DocsRun:
 
     @staticmethod
     def missing(what, group):
+        if not any(group in p["groups"] for p in docs_plan.PARTS):
+            return (f"No run kept in docs/gpu-runs has {what} yet (test/gpu/run_all.sh BUILD CARRY OUT --only "
+                    f"{group}, then test/gpu/docs_plan.py save OUT docs/gpu-runs/DATE-decision).")
         part = next((k for k, p in zip(docs_plan.PART_NUMBERS, docs_plan.PARTS) if group in p["groups"]), "K")
         return (f"No docs run kept in docs/gpu-runs has {what} yet (test/gpu/run_all.sh BUILD CARRY OUT --docs "
                 f"--part {part}/{len(docs_plan.PARTS)}, then test/gpu/docs_plan.py save).")
@@ -186,7 +193,7 @@ def make(runs_dir):
             return run.missing("defaultpolicy.json", "defaultpolicy")
         s = run.load(at)
         out = []
-        for wl in ("transformer", "varlen", "jaxmlp"):
+        for wl in ("transformer", "varlen", "jaxmlp", "cupy", "hf"):
             g, v = s.get(f"{wl}-growth", {}).get("step_ms"), s.get(f"{wl}-vmm", {}).get("step_ms")
             if g and v:
                 ratio = v[1] / g[1]

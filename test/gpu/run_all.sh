@@ -9,10 +9,11 @@
 # threads without a context, the sharing checks (share-budget, share-hostile, share_race.py: 8
 # members, 4 in PID namespaces of their own), then test/gpu/compare_builds.py BEFORE_BUILD (shim/
 # and BUILD_ID of the build before the change, carried) against BUILD_DIR, 3 alternating rounds.
-# --docs: everything the measured pages quote, in two parts of one device call each (about 495
-# and 500 s on the H200, under the 600 s a call may run; test/gpu/docs_plan.py says which groups,
-# with what settings, and its estimates; part 1 runs the compatibility suite beside group compat,
-# inside run_all.py); the output is also written to OUT/run.log. Then, here:
+# --docs: everything the measured pages quote but the default-policy decision (a run of its own,
+# --only defaultpolicy), in two parts of one device call each (about 430 and 330 s estimated for
+# the H200, under the 600 s a call may run; test/gpu/docs_plan.py says which groups, with what
+# settings, and its estimates; part 1 runs the compatibility suite beside group compat, inside
+# run_all.py); the output is also written to OUT/run.log. Then, here:
 #   test/gpu/docs_plan.py save FILES_AT/OUT docs/gpu-runs/DATE-docsK   (each part), and
 #   test/gpu/docs_tables.py .                                         (the pages from them).
 # Groups: suite (test/gpu/compat), contextless (check_contextless.sh), compat, inflight, bench, rounds, steps, quarantine, vmm,

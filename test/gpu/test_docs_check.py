@@ -181,6 +181,8 @@ def docs_run_check():
             {"name": f"step-round{i}-torch-nocache-nocupool", "stdout": "step=1.5 ms loss_hex=0x1p-1"} for i in (1, 2, 3)]})
         put("2026-12-10-docs1-header.json", dict(head, date="new"))
         put("2026-12-10-docs1-results-compat-defaultpolicy-policies.json", {"runs": []})
+        put("2026-12-08-decision-header.json", head)
+        put("2026-12-08-decision-defaultpolicy.json", {})
         run, tables, claims = docs_run.make(runs)
         want = {"rounds": "2026-12-10-docs2-results-rounds-sharing-steps.json",
                 "steps": "2026-12-10-docs2-results-rounds-sharing-steps.json",
@@ -190,7 +192,7 @@ def docs_run_check():
             at = run.results(group)
             if (at and run.name(at)) != name:
                 out.append(f"DocsRun.results({group!r}): {at}, not {name}")
-        if run.name(run.find("defaultpolicy.json")) != "2026-12-03-docs3-defaultpolicy.json":
+        if run.name(run.find("defaultpolicy.json")) != "2026-12-08-decision-defaultpolicy.json":
             out.append(f"DocsRun.find('defaultpolicy.json'): {run.find('defaultpolicy.json')}")
         pair = tables["docs-pair-cost"]()
         if "2026-12-10-docs2" not in pair or "growth-sync-trace-on" in pair or "| driver | 512 B | 1 | 1 / 2 / 3 | 3 |" not in pair:
