@@ -3,7 +3,7 @@
 #include "budgeted_upstream.h"
 
 #include "context_pool.h"
-#include "event_clock.h"
+#include "clock.h"
 
 namespace cupool {
 
@@ -21,7 +21,7 @@ bool BudgetedUpstream::admit(std::size_t bytes, bool may_wait) {
   ShareAskScope* ask = t_share_ask;
   std::uint64_t wait = wait_ns_;
   if (ask && wait > 0) {
-    const std::uint64_t now = EventClock::now();
+    const std::uint64_t now = monotonic_ns();
     if (ask->deadline_ns == 0) ask->deadline_ns = now > UINT64_MAX - wait ? UINT64_MAX : now + wait;  // saturated
     wait = ask->deadline_ns > now ? ask->deadline_ns - now : 0;
   }

@@ -9,7 +9,6 @@
 #include <unordered_map>
 #include <utility>
 
-#include "event_clock.h"
 #include "log.h"
 #include "thread_id.h"
 #include "vmm_range.h"
@@ -19,9 +18,6 @@ namespace cupool {
 namespace {
 
 constexpr std::size_t kMaxRequest = std::size_t{1} << 62;
-
-// Pool events share the trace's clock with the shim's.
-std::uint64_t event_clock(void*) { return EventClock::now(); }
 
 constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
 constexpr std::uint64_t round_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
@@ -41,7 +37,7 @@ std::atomic<std::uint64_t> g_next_pool_id{1};
 
 ContextPool::ContextPool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
                        DeviceAccount* account)
-    : cfg_(cfg), device_(device), up_(upstream), observer_(observer), clock_(&event_clock), id_(g_next_pool_id++) {
+    : cfg_(cfg), device_(device), up_(upstream), observer_(observer), clock_(&monotonic_clock), id_(g_next_pool_id++) {
   thread_caches::add_owner(id_, this);
   std::size_t total = 0, free = 0;
   up_.device_memory(&total, &free);
@@ -92,7 +88,7 @@ ContextPool::~ContextPool() {
 
 void ContextPool::set_clock(Clock clock, void* ctx) {
   Lock lk(mu_);
-  clock_ = clock ? clock : &event_clock;
+  clock_ = clock ? clock : &monotonic_clock;
   clock_ctx_ = ctx;
 }
 

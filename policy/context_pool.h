@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "clock.h"
 #include "config.h"
 #include "device_account.h"
 #include "growth_rule.h"
@@ -43,8 +44,9 @@ enum class FreeResult {
 
 class ContextPool final : public ThreadCacheOwner {
  public:
-  // A time source (ns). Default: the trace's EventClock (CLOCK_MONOTONIC). Tests and replay inject their own.
-  using Clock = std::uint64_t (*)(void* ctx);
+  // A time source (ns). Default: CLOCK_MONOTONIC (policy/clock.h); ProcessMemory hands its pools
+  // its own, tests and replay theirs.
+  using Clock = cupool::Clock;
 
   // `account`: what the process holds on the device, shared with its other pools and with memory
   // no context names (ProcessMemory's); nullptr: the pool keeps an account of its own.

@@ -9,7 +9,6 @@
 #include <optional>
 #include <string>
 
-#include "event_clock.h"
 #include "log.h"
 #include "thread_id.h"
 #include "units.h"
@@ -18,8 +17,9 @@ namespace cupool {
 
 std::uint64_t ProcessMemory::device_total(const ContextMemory& c) { return c.device_total; }
 
-ProcessMemory::ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm, SharedBudget* share)
-    : cfg_(cfg), observer_(observer), share_(share) {
+ProcessMemory::ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm, SharedBudget* share,
+                             Clock clock)
+    : cfg_(cfg), observer_(observer), share_(share), clock_(clock ? clock : &monotonic_clock) {
   for (auto& s : slot_ctx_) s.store(0, std::memory_order_relaxed);
   if (vmm) vmm_driver_ = std::make_unique<ChargingVmm>(*this, *vmm);
 }
@@ -69,6 +69,7 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
   }
   record->pool = std::make_unique<ContextPool>(cfg_, record->device, *pool_upstream, observer_,
                                               &account(record->device, record->device_total));
+  record->pool->set_clock(clock_, nullptr);
   ContextMemory* c = record.get();
   records_.push_back(std::move(record));
   if (slot < 0) slot = n;
@@ -265,7 +266,7 @@ void ProcessMemory::given_back(std::uint64_t handle) {
   if (!forget_outside(handle, &bytes, &owner, &device) || observer_ == nullptr) return;
   PoolEvent e;
   e.kind = PoolEvent::Kind::vmm_given_back;
-  e.t_ns = EventClock::now();
+  e.t_ns = clock_(nullptr);
   e.size = bytes;
   e.ptr = handle;
   e.tid = current_thread_id();

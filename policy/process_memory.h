@@ -20,6 +20,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "clock.h"
 #include "config.h"
 #include "context_pool.h"
 #include "device_account.h"
@@ -74,7 +75,10 @@ class ProcessMemory {
   // `vmm`: the real calls the VMM cache makes itself (nullptr: no cache). `observer`: where the
   // pools and the process's memory report their events (nullptr: nowhere).
   // `share`: the budget shared with other processes (nullptr: none); it must outlive this.
-  ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm, SharedBudget* share = nullptr);
+  // `clock`: what the pools and the process's own events read the time from (nullptr:
+  // CLOCK_MONOTONIC; the shim gives the trace's, policy/clock.h).
+  ProcessMemory(const Config& cfg, PoolObserver* observer, VmmDriver* vmm, SharedBudget* share = nullptr,
+                Clock clock = nullptr);
   ~ProcessMemory();
   ProcessMemory(const ProcessMemory&) = delete;
   ProcessMemory& operator=(const ProcessMemory&) = delete;
@@ -255,6 +259,7 @@ class ProcessMemory {
   const Config cfg_;
   PoolObserver* const observer_;
   SharedBudget* const share_;
+  const Clock clock_;
   bool warnings_ = true;
   std::unique_ptr<ChargingVmm> vmm_driver_;
   std::atomic<VmmCache*> vmm_cache_{nullptr};

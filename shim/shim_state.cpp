@@ -144,7 +144,8 @@ void load_once() {
     share = joined.release();  // never destroyed: hooks may run during exit
   }
   static RealVmm real_vmm;  // no destructor to run at exit: it holds nothing
-  g_memory = new ProcessMemory(*g_config, g_writer.load(), &real_vmm, share);
+  // Pool events on the trace's clock, as the hooks' own (trace/event_clock.h).
+  g_memory = new ProcessMemory(*g_config, g_writer.load(), &real_vmm, share, [](void*) { return EventClock::now(); });
   pthread_atfork(fork_prepare, fork_parent, fork_child);
   std::atexit(at_exit);
 }

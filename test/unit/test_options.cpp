@@ -63,6 +63,30 @@ TEST_CASE("defaults", "[options]") {
   CHECK(ok({{"CUPOOL_POLICY", ""}}).policy == PolicyKind::growth);
 }
 
+// The defaults are written twice: in Config's fields (config.h) and in the table's default_text,
+// which the docs show. Giving each option its documented default must change nothing; an option
+// whose default is no value ("unset ...", "none") must leave its field empty.
+TEST_CASE("every option's documented default is what Config holds when it is unset", "[options]") {
+  const Config defaults{};
+  for (const OptionInfo& o : kOptions) {
+    INFO(o.name << " default " << o.default_text);
+    const std::string text(o.default_text);
+    if (text.rfind("unset", 0) == 0 || text == "none") {
+      switch (o.id) {
+        case Option::limit: CHECK(defaults.limit == LimitSpec{}); break;
+        case Option::share_limit: CHECK(defaults.share_limit == LimitSpec{}); break;
+        case Option::share: CHECK(defaults.share.empty()); break;
+        case Option::trace: CHECK(defaults.trace_path.empty()); break;
+        default: FAIL("an option documented as having no default value: say here which field stays empty");
+      }
+      continue;
+    }
+    Config c = defaults;
+    REQUIRE_FALSE(o.parse(text, c).has_value());
+    CHECK(c == defaults);
+  }
+}
+
 TEST_CASE("the table names every variable once, with everything filled in", "[options]") {
   std::set<std::string_view> names;
   for (const auto& o : kOptions) {

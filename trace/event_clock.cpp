@@ -12,12 +12,6 @@
 
 namespace cupool {
 
-std::uint64_t monotonic_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
 // ---- TscFit ------------------------------------------------------------------------------------
 
 std::uint64_t TscFit::apply(std::uint64_t tick, const Piece& p) {

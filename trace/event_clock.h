@@ -20,11 +20,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "clock.h"  // monotonic_ns()
 #include "spin_lock.h"
 
 namespace cupool {
-
-std::uint64_t monotonic_ns();  // clock_gettime(CLOCK_MONOTONIC)
 
 // Maps a tick counter onto a nanosecond clock by a continuous, increasing piecewise-linear
 // function, re-fitted every kRefitNs (past a piece's window, at the long-run rate): readings stay
