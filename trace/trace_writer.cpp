@@ -481,9 +481,13 @@ void TraceWriter::pass_locked() {
   // reader sees events of different threads interleaved as they happened (up to one pass).
   batch_.clear();
   for (Ring* ring : snapshot_) any_dead |= drain_ring_locked(*ring);
-  std::stable_sort(batch_.begin(), batch_.end(),
-                   [](const trace::Record& a, const trace::Record& b) { return a.t_ns < b.t_ns; });
-  for (trace::Record& r : batch_) {
+  // Sorted by (time, place in the batch): as stable as sorting the records, without moving
+  // 168-byte records or a temporary buffer of them (a tenth of a busy writer's time).
+  order_.clear();
+  for (std::size_t i = 0; i < batch_.size(); ++i) order_.push_back({batch_[i].t_ns, i});
+  std::sort(order_.begin(), order_.end());
+  for (const auto& [t, i] : order_) {
+    trace::Record& r = batch_[i];
     // In time order: a cache-served event's in_use and cached from its pool's last values. Events
     // dropped from a full ring leave the derived values off until the pool's next locked event,
     // and cache-served events of other threads around a locked one may be counted on the wrong

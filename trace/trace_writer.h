@@ -131,7 +131,8 @@ class TraceWriter final : public PoolObserver {
   int fd_ = -1;
   bool io_failed_ = false;
   std::vector<Ring*> snapshot_;
-  std::vector<trace::Record> batch_;  // one pass's events, sorted by time before they are written
+  std::vector<trace::Record> batch_;  // one pass's events, written in time order...
+  std::vector<std::pair<std::uint64_t, std::size_t>> order_;  // ...which is this: (t_ns, index)
   std::unique_ptr<char[]> buf_;
   std::size_t buf_used_ = 0;
   struct Device {
