@@ -20,7 +20,7 @@
 #include "analysis.h"
 #include "cli.h"
 #include "commands.h"
-#include "event_clock.h"
+#include "clock.h"  // monotonic_ns()
 #include "options.h"
 #include "trace_file_name.h"
 #include "trace_input.h"
@@ -405,7 +405,7 @@ int cmd_run(const std::vector<std::string>& raw) {
     }
     if (ran && !args.flag("--no-summary"))
       // 1 ms either side: the traces' clock may be the TSC fitted to CLOCK_MONOTONIC, within
-      // microseconds of it (policy/event_clock.h).
+      // microseconds of it (trace/event_clock.h).
       print_summary(run_traces(trace_pattern, child, started - 1'000'000, ended + 1'000'000),
                     expand_trace_path(trace_pattern, child));
     return code;

@@ -77,7 +77,7 @@ TEST_CASE("ipc: imported blocks answer range queries and close their chunk once 
   CHECK(blocks.empty());
 }
 
-// ---- vmm blocks' handles (policy/ipc_vmm_handle.h) ---------------------------------------------
+// ---- vmm blocks' handles (shim/ipc_vmm_handle.h) ------------------------------------------------
 
 TEST_CASE("ipc vmm: a handle round-trips, and nothing else reads as one", "[ipc]") {
   VmmHandle v;
