@@ -2,7 +2,7 @@
 //   bench_alloc malloc   cudaMalloc+cudaFree (the pool under cupool; the driver without it)
 //   bench_alloc async    cudaMallocAsync+cudaFreeAsync on a warm pool (release threshold max)
 //   bench_alloc steady THREADS SECONDS   512-byte cudaMalloc+cudaFree pairs on THREADS threads that
-//                        live the whole run, in batches of 20000 with a pause of 15 ms a thread after each, so
+//                        live the whole run, in batches of 10000 with a pause of 40 ms a thread after each, so
 //                        that a trace writer drains between them: what a profiler samples is the
 //                        traced pair with its ring never full, not a ring's first touch (issue 38)
 // Prints one JSON line per (mode, bytes, threads): median ns per pair over batches of pairs.
@@ -51,11 +51,11 @@ static int steady(int threads, double seconds) {
   const double end = now_ns() + seconds * 1e9;
   for (int t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
-      const auto pause = std::chrono::milliseconds(15 * threads);
-      run_thread(512, 1, 20000, nullptr);  // the first batch makes the thread's ring: not counted
+      const auto pause = std::chrono::milliseconds(40 * threads);
+      run_thread(512, 1, 10000, nullptr);  // the first batch makes the thread's ring: not counted
       std::this_thread::sleep_for(pause);
       while (now_ns() < end) {
-        per[t].push_back(run_thread(512, 1, 20000, nullptr));
+        per[t].push_back(run_thread(512, 1, 10000, nullptr));
         std::this_thread::sleep_for(pause);
       }
     });

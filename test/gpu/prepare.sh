@@ -47,6 +47,7 @@ c++ -std=c++20 -O2 -I"${CUDA_DIR:-/usr/local/cuda}/include" -o "$carry/bin/prog_
 cc -O2 -I"${CUDA_DIR:-/usr/local/cuda}/include" -Ishim -o "$carry/bin/prog_nvml_linked" \
   test/integration/programs/prog_nvml_linked.c -L"${CUDA_DIR:-/usr/local/cuda}/lib64/stubs" -lcuda \
   -L"$carry/compat" -lnvidia-ml -pthread
+cc -O2 -shared -fPIC -o "$carry/bin/pc_sampler.so" test/gpu/pc_sampler.c  # test/gpu/steady_profile.sh
 cp "$build/test/bench_share_startup" "$carry/bin/"
 cp ../shared/workloads/*.py "$carry/workloads/"
 # The same identity for the library and the programs: what every results file names.
