@@ -6,9 +6,9 @@ script makes of its results file, and every measured number written outside a ta
 size, a ratio, a percentage) must appear in a table of the same page.
 
 docs/design.md's measurements give the reasons for decisions, many from earlier sessions' raw
-files. Its only tables are those of its last section, "Earlier measurements (builds before main's
-library)": older builds' tables that the measured pages no longer quote, generated here as the
-pages' are (held to their files, not to HEAD's library). Every number of its prose with a unit of
+files; docs/history.md, "Earlier measurements (builds before main's library)", split from it,
+holds older builds' tables that the measured pages no longer quote, generated here as the
+pages' are (held to their files, not to HEAD's library). Every number of either's prose with a unit of
 time or size, a ratio or a percentage (both ends of a range) must be one of a few design constants
 (DESIGN_CONSTANTS), or appear, as a number, in a raw file that its own paragraph names
 (`docs/gpu-runs/FILE`; a size may appear there as its exact count of bytes). Numbers are compared
@@ -19,7 +19,7 @@ measured and says how far the library (policy/, shim/, trace/) has moved since, 
 (docs_check.py, Lag).
 
   docs_tables.py ROOT                  rewrite the tables, claims and lag lines (as of HEAD) in place
-                                       (and check docs/design.md)
+                                       (and check docs/design.md and docs/history.md)
   docs_tables.py ROOT --check          exit 1 if a table, claim, lag line or number is not what the
                                        results and git say, a comparison is typed outside a claim,
                                        or a cited raw file names no build (a commit here, not -dirty)
@@ -328,7 +328,7 @@ def min_capacity():
 
 
 # The measured pages' own tables (compat-suite, frameworks: the docs run's once it is kept), and the
-# older builds' tables kept in docs/design.md's "Earlier measurements" (every other name here).
+# older builds' tables kept in docs/history.md, "Earlier measurements" (every other name here).
 TABLES = {"compat-suite": compat_suite, "replay": replay, "frameworks": frameworks,
           "quarantine-vmm-cache": lambda: steps(("quarantine-", "vmm-")),
           "policies-pt": lambda: policies("pt-"), "policies-jax": lambda: policies("jax-"),
@@ -380,13 +380,15 @@ SKIPPED = docs_check.check_builds(ROOT, PAGES, RUNS, errors) + LAG.skipped
 
 # ---- docs/design.md ------------------------------------------------------------------------------
 
-DESIGN = "docs/design.md"
-# Its "Earlier measurements" tables: generated as the pages' are; written back only where one changed.
-_path = os.path.join(ROOT, DESIGN)
-_text = open(_path).read()
-_new = docs_check.fill(_text, DESIGN, TABLES, CLAIMS, CHECK, errors)
-if not CHECK and _new != _text:
-    open(_path, "w").write(_new)
+# docs/design.md and the history split from it (docs/history.md: "Earlier measurements"), checked alike.
+DESIGN_PAGES = ("docs/design.md", "docs/history.md")
+# Their "Earlier measurements" tables: generated as the pages' are; written back only where one changed.
+for _page in DESIGN_PAGES:
+    _path = os.path.join(ROOT, _page)
+    _text = open(_path).read()
+    _new = docs_check.fill(_text, _page, TABLES, CLAIMS, CHECK, errors)
+    if not CHECK and _new != _text:
+        open(_path, "w").write(_new)
 # Sizes and intervals that the code or a test sets, which design.md states as such: not measurements.
 DESIGN_CONSTANTS = {
     "2 MiB",     # chunk granularity (growth, preallocate, SimUpstream)
@@ -418,9 +420,9 @@ def blank(m):
     return re.sub(r"[^\n]", " ", m.group(0))
 
 
-def check_design():
-    """Each measured number of docs/design.md is a design constant or in a raw file its paragraph names."""
-    text = open(os.path.join(ROOT, DESIGN)).read()
+def check_design(page):
+    """Each measured number of the page is a design constant or in a raw file its paragraph names."""
+    text = open(os.path.join(ROOT, page)).read()
     # Generated tables are their files' by construction (checked above); code holds names, options
     # and commands, not measurements (both blanked, so line numbers stay).
     text = docs_check.BLOCK.sub(blank, text)
@@ -445,7 +447,7 @@ def check_design():
                     if v in known or (unit in BYTES and v * BYTES[unit] in known):
                         continue
                     where = line + prose[:m.start()].count("\n")
-                    out.append(f"{DESIGN}:{where}: '{' '.join(m.group(0).split())}' ({value}) is not a design constant "
+                    out.append(f"{page}:{where}: '{' '.join(m.group(0).split())}' ({value}) is not a design constant "
                                f"(DESIGN_CONSTANTS) and is in no raw file its paragraph names "
                                f"({', '.join('docs/gpu-runs/' + f for f in cited) or 'none'}); quote the "
                                f"number as a file in docs/gpu-runs/ writes it and name that file in the paragraph, "
@@ -454,7 +456,8 @@ def check_design():
     return out
 
 
-errors += check_design()
+for _page in DESIGN_PAGES:
+    errors += check_design(_page)
 
 for e in errors:
     print("FAIL:", e)
@@ -464,4 +467,5 @@ for s in SKIPPED:  # everything else was checked; only the history to compare th
     print("SKIP:", s)
 print(f"ok: the measurement tables of {', '.join(PAGES)} are what docs/gpu-runs says, and so are their numbers "
       f"and their lag lines{' (but the skipped ones)' if SKIPPED else ''}; every cited raw file names its build; "
-      f"every measured number of {DESIGN} is a design constant or in a raw file its paragraph names")
+      f"every measured number of {' and '.join(DESIGN_PAGES)} is a design constant or in a raw file its "
+      f"paragraph names")
