@@ -79,6 +79,8 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
   if (!setup(lk, &fail)) return fail;
   for (;;) {
     if (pool_.abandoned_) return {0, OomClass::device, 0};
+    // Another thread gave the range up while this one waited (give_up): grow() asks for chunks.
+    if (!active_) return {0, OomClass::device, 0};
     // take()'s best fit has no memory behind it: the place, in any free block, that needs the
     // fewest granules mapped (often none: a mapped stretch inside a larger free block).
     const std::uint64_t p = pool_.sub_.allocate_best(bytes, [&](std::uint64_t a, std::uint64_t size, std::uint64_t n,
@@ -86,7 +88,7 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
     if (p == 0) return {0, OomClass::fragmentation, 0};  // no contiguous addresses left in the range
     if (granules_.busy(p, bytes)) {  // another thread maps or unmaps some of them: wait for it
       pool_.sub_.free(p);
-      pool_.transit_cv_.wait(lk, [&] { return pool_.abandoned_ || !granules_.busy(p, bytes); });
+      pool_.transit_cv_.wait(lk, [&] { return pool_.abandoned_ || !active_ || !granules_.busy(p, bytes); });
       continue;
     }
     granules_.touch(p, bytes);
@@ -152,8 +154,8 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
       return {0, st == UpstreamStatus::share_exhausted ? OomClass::share : OomClass::device, code};
     }
     // A granule at its edge that another thread was mapping: wait for the outcome.
-    pool_.transit_cv_.wait(lk, [&] { return pool_.abandoned_ || !granules_.busy(p, bytes); });
-    if (pool_.abandoned_) return {0, OomClass::device, 0};
+    pool_.transit_cv_.wait(lk, [&] { return pool_.abandoned_ || !active_ || !granules_.busy(p, bytes); });
+    if (pool_.abandoned_ || !active_) return {0, OomClass::device, 0};
     if (granules_.ready(p, bytes)) return {p, OomClass::none, 0};
     undo();  // that thread's map failed: try again
   }

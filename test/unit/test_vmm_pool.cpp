@@ -3,7 +3,10 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <atomic>
+#include <chrono>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "context_pool.h"
@@ -325,6 +328,83 @@ TEST_CASE("vmm policy: a range the driver will not reserve: the pool grows in ch
   CHECK(pool.allocate(1 * MiB).ptr != 0);
   CHECK(up.refused == 1);  // asked once, not at every allocation
   CHECK(pool.state().reserved == 32 * MiB);
+}
+
+namespace {
+
+// Virtual memory and a range, but a driver that refuses granules (cuMemCreate's
+// CUDA_ERROR_NOT_SUPPORTED) after the first `allowed` maps; each map takes a moment, so that
+// threads overlap in it.
+class RefusesGranules final : public ChunksOnly {
+ public:
+  RefusesGranules(SimUpstream& sim, int allowed) : ChunksOnly(sim), sim_(sim), allowed_(allowed) {}
+  std::size_t vmm_granularity() override { return 2 * MiB; }
+  UpstreamStatus reserve_address(std::size_t b, std::uint64_t* va) override { return sim_.reserve_address(b, va); }
+  void free_address(std::uint64_t va, std::size_t b) override {
+    ++freed;
+    sim_.free_address(va, b);
+  }
+  UpstreamStatus map(std::uint64_t va, std::size_t b, int* code) override {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    if (allowed_.fetch_sub(1) <= 0) {
+      *code = 801;  // CUDA_ERROR_NOT_SUPPORTED
+      return UpstreamStatus::error;
+    }
+    return sim_.map(va, b, code);
+  }
+  void unmap(std::uint64_t va, std::size_t b) override { sim_.unmap(va, b); }
+  std::atomic<int> freed{0};
+
+ private:
+  SimUpstream& sim_;
+  std::atomic<int> allowed_;
+};
+
+}  // namespace
+
+TEST_CASE("vmm policy: a driver that refuses the first granule: the pool grows in chunks", "[vmm-policy]") {
+  SimUpstream sim(4 * GiB);
+  RefusesGranules up(sim, 0);
+  ContextPool pool(vmm_config(), 0, up, nullptr);
+  CHECK(pool.virtual_memory());
+  const AllocResult a = pool.allocate(1 * MiB);
+  CHECK(a.ptr != 0);  // served from a chunk, not refused
+  CHECK_FALSE(pool.virtual_memory());
+  CHECK(up.freed == 1);  // the range went back
+  CHECK(pool.allocate(3 * MiB).ptr != 0);
+  CHECK(pool.state().reserved == 32 * MiB);
+  CHECK(pool.deallocate(a.ptr) == FreeResult::freed);
+}
+
+TEST_CASE("vmm policy: a refusal after a granule was mapped fails that allocation, not the policy", "[vmm-policy]") {
+  SimUpstream sim(4 * GiB);
+  RefusesGranules up(sim, 1);
+  ContextPool pool(vmm_config(), 0, up, nullptr);
+  CHECK(pool.allocate(1 * MiB).ptr != 0);  // the one granule allowed
+  const AllocResult b = pool.allocate(64 * MiB);
+  CHECK(b.ptr == 0);
+  CHECK(b.oom == OomClass::device);
+  CHECK(b.driver_code == 801);
+  CHECK(pool.virtual_memory());
+  CHECK(up.freed == 0);
+}
+
+TEST_CASE("vmm policy: threads racing to a refused first granule all get chunks", "[vmm-policy]") {
+  SimUpstream sim(4 * GiB);
+  RefusesGranules up(sim, 0);
+  ContextPool pool(vmm_config(), 0, up, nullptr);
+  constexpr int kThreads = 8;
+  std::vector<std::uint64_t> got(kThreads * 4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 4; ++i) got[t * 4 + i] = pool.allocate((1 + (t + i) % 3) * 256 * 1024).ptr;
+    });
+  for (auto& th : threads) th.join();
+  for (std::uint64_t p : got) CHECK(p != 0);
+  CHECK_FALSE(pool.virtual_memory());
+  CHECK(up.freed == 1);
+  for (std::uint64_t p : got) CHECK(pool.deallocate(p) == FreeResult::freed);
 }
 
 TEST_CASE("vmm policy: a request larger than the cap is refused by the cap, not for fragmentation", "[vmm-policy]") {
