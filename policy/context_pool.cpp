@@ -36,20 +36,15 @@ std::atomic<std::uint64_t> g_next_pool_id{1};
 }  // namespace
 
 ContextPool::ContextPool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
-                       DeviceAccount* account)
+                       DeviceAdmission* admission)
     : cfg_(cfg), device_(device), up_(upstream), observer_(observer), clock_(&monotonic_clock), id_(g_next_pool_id++) {
   thread_caches::add_owner(id_, this);
   std::size_t total = 0, free = 0;
   up_.device_memory(&total, &free);
   device_total_ = total;
-  if (auto limit = cfg_.limit.for_device(device)) {
-    has_limit_ = true;
-    cap_ = limit->resolve(total);
-  } else {
-    cap_ = total;
-  }
-  if (account == nullptr) own_account_ = std::make_unique<DeviceAccount>(cap_);
-  account_ = account ? account : own_account_.get();
+  if (admission == nullptr) own_admission_ = std::make_unique<DeviceAdmission>(cfg_, device, total);
+  admission_ = admission ? admission : own_admission_.get();
+  admission_->add_holder(this);
   step_ = growth::first_step(cfg_.growth_chunk);
   deferred_ = cfg_.free_mode == FreeMode::deferred;
   vmm_ = std::make_unique<VmmRange>(*this, cfg_.policy == PolicyKind::vmm && up_.vmm_granularity() > 0, cfg_.vmm_tight);
@@ -68,11 +63,12 @@ void ContextPool::say_vmm_fallback(const std::string& why) const {
 
 ContextPool::~ContextPool() {
   thread_caches::remove_owner(id_);
-  // Last, once what the pool holds has gone back below: the account forgets its part.
+  admission_->remove_holder(this);
+  // Last, once what the pool holds has gone back below: the admission forgets its part.
   struct Settle {
     ContextPool* pool;
     ~Settle() {
-      pool->account_->add(-static_cast<std::int64_t>(pool->posted_));
+      pool->admission_->add(-static_cast<std::int64_t>(pool->posted_));
       pool->posted_ = 0;
     }
   } settle{this};
@@ -82,7 +78,7 @@ ContextPool::~ContextPool() {
     return;
   }
   sub_.for_each_chunk([&](std::uint32_t id, std::uint64_t, std::size_t) {
-    up_.release(reservations_[id].base, reservations_[id].size);
+    give_chunk(reservations_[id].base, reservations_[id].size);
   });
 }
 
@@ -110,7 +106,7 @@ std::uint64_t ContextPool::free_locked() const {
 
 // ---- allocation ----------------------------------------------------------------------------------
 
-AllocResult ContextPool::allocate(std::size_t size, PoolStats* state) {
+AllocResult ContextPool::allocate(std::size_t size, PoolStats* state, AdmissionWait* wait) {
   if (size == 0) return {};
   const std::uint64_t bytes = round_up(std::min<std::uint64_t>(size, kMaxRequest), Suballocator::kAlignment);
   ThreadCache* tc = nullptr;
@@ -152,7 +148,7 @@ AllocResult ContextPool::allocate(std::size_t size, PoolStats* state) {
   if (std::uint64_t p = take(bytes))
     r.ptr = p;
   else
-    r = allocate_slow(lk, size);
+    r = allocate_slow(lk, size, wait);
   if (!lk.owns_lock()) lk.lock();
   if (r.ptr) {
     if (tc != nullptr) {
@@ -166,11 +162,13 @@ AllocResult ContextPool::allocate(std::size_t size, PoolStats* state) {
 
 // The miss path, in order: retired fences; (first use) preallocation; waiting for the oldest
 // fences when the quarantine holds enough; growth; waiting for the remaining fences; giving back wholly free chunks and growing once more; then out of memory.
-AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size) {
+AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size, AdmissionWait* wait) {
   if (abandoned_) return {0, OomClass::device, 0};
-  if (size > kMaxRequest) {
-    emit(PoolEvent::Kind::oom, size, 0, now(), 0, OomClass::limit);
-    return {0, OomClass::limit, 0};
+  AdmissionWait own;  // every wait of this allocation for the shared budget ends at one deadline
+  if (wait == nullptr) wait = &own;
+  if (size > kMaxRequest) {  // more than any cap: the cap's refusal
+    emit(PoolEvent::Kind::oom, size, 0, now(), 0, at_cap());
+    return {0, at_cap(), 0};
   }
   const std::uint64_t bytes = round_up(size, Suballocator::kAlignment);
   // With no limit set, the cap is the device's size: a refusal there is the device's, not a
@@ -188,7 +186,7 @@ AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size) {
     if (std::uint64_t p = take(bytes)) return {p};
   }
   if (cfg_.policy == PolicyKind::preallocate && !prealloc_done_) {
-    Grow g = preallocate(lk, bytes);
+    Grow g = preallocate(lk, bytes, wait);
     if (g.ptr) return {g.ptr};
     if (std::uint64_t p = take(bytes)) return {p};  // another thread's preallocation
     if (g.fail != OomClass::none) last = g;
@@ -205,14 +203,14 @@ AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size) {
   while (wait_for_growth(lk))
     if (std::uint64_t p = take(bytes)) return {p};
   if (may_grow()) {
-    Grow g = grow(lk, bytes);
+    Grow g = grow(lk, bytes, wait);
     if (g.ptr) return {g.ptr};
     last = g;
   }
   if (std::uint64_t p = wait_for_quarantine(lk, bytes)) return {p};
   if (may_grow() && give_back_free(lk, false) > 0) {
     if (std::uint64_t p = take(bytes)) return {p};
-    Grow g = grow(lk, bytes);
+    Grow g = grow(lk, bytes, wait);
     if (g.ptr) return {g.ptr};
     last = g;
   }
@@ -221,7 +219,7 @@ AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size) {
   if (wait_for_transit(lk)) {
     if (std::uint64_t p = take(bytes)) return {p};
     if (may_grow()) {
-      Grow g = grow(lk, bytes);
+      Grow g = grow(lk, bytes, wait);
       if (g.ptr) return {g.ptr};
       last = g;
     }
@@ -236,9 +234,9 @@ AllocResult ContextPool::allocate_slow(Lock& lk, std::size_t size) {
 
 // The growth policy (its rule: growth_rule.h): a chunk of the next step, or at least what the
 // allocation needs, never more than the cap leaves.
-ContextPool::Grow ContextPool::grow(Lock& lk, std::size_t bytes) {
+ContextPool::Grow ContextPool::grow(Lock& lk, std::size_t bytes, AdmissionWait* wait) {
   if (vmm_->active()) {
-    Grow g = vmm_->map_block(lk, bytes);
+    Grow g = vmm_->map_block(lk, bytes, wait);
     if (g.ptr || vmm_->active()) return g;  // else the range could not be reserved: grow in chunks
   }
   const growth::Ask ask = growth::next_chunk(step_, bytes, headroom());
@@ -249,12 +247,12 @@ ContextPool::Grow ContextPool::grow(Lock& lk, std::size_t bytes) {
   // Past the cap; or another pool of the device (another context) took the room since headroom().
   if (ask.need == 0 || !reserve_unlocked(lk, ask.chunk, [&] {
         t0 = now();
-        st = up_.reserve(ask.chunk, ask.need, &base, &got, &code);
+        st = take_chunk(ask.chunk, ask.need, &base, &got, &code, wait);
         dur = now() - t0;
       }))
     return {0, at_cap(), 0};
-  if (abandoned_) {  // the context went away meanwhile: the upstream (detached) settles the budget
-    if (st == UpstreamStatus::ok) up_.release(base, got);
+  if (abandoned_) {  // the context went away meanwhile: the upstream (detached) makes no call
+    if (st == UpstreamStatus::ok) give_chunk(base, got);
     return {0, OomClass::device, 0};
   }
   if (st == UpstreamStatus::share_exhausted) return {0, OomClass::share, 0};
@@ -267,7 +265,7 @@ ContextPool::Grow ContextPool::grow(Lock& lk, std::size_t bytes) {
 
 // First use under the preallocate policy: one chunk of preallocate.resolve(total), clamped to
 // the cap. If the driver refuses, try once with what it reports free.
-ContextPool::Grow ContextPool::preallocate(Lock& lk, std::size_t bytes) {
+ContextPool::Grow ContextPool::preallocate(Lock& lk, std::size_t bytes, AdmissionWait* wait) {
   if (prealloc_busy_) {  // another thread is reserving it: wait for the outcome
     prealloc_cv_.wait(lk, [&] { return !prealloc_busy_; });
     return {};
@@ -287,13 +285,13 @@ ContextPool::Grow ContextPool::preallocate(Lock& lk, std::size_t bytes) {
   prealloc_busy_ = true;  // (the lock is held throughout where the cap refuses)
   const bool admitted = reserve_unlocked(lk, want, [&] {
     t0 = now();
-    st = up_.reserve(want, want, &base, &got, &code);
+    st = take_chunk(want, want, &base, &got, &code, wait);
     if (st == UpstreamStatus::out_of_memory) {
       std::size_t total = 0, free = 0;
       up_.device_memory(&total, &free);
       got = granular(std::min<std::uint64_t>(free, want));
       std::size_t exact = 0;
-      if (got > 0 && got < want) st = up_.reserve(got, got, &base, &exact, &code);
+      if (got > 0 && got < want) st = take_chunk(got, got, &base, &exact, &code, wait);
     }
     dur = now() - t0;
   });
@@ -301,7 +299,7 @@ ContextPool::Grow ContextPool::preallocate(Lock& lk, std::size_t bytes) {
   prealloc_cv_.notify_all();
   if (!admitted) return {0, at_cap(), 0};
   if (abandoned_) {
-    if (st == UpstreamStatus::ok) up_.release(base, got);
+    if (st == UpstreamStatus::ok) give_chunk(base, got);
     return {0, OomClass::device, 0};
   }
   if (st == UpstreamStatus::share_exhausted) return {0, OomClass::share, 0};
@@ -319,13 +317,52 @@ ContextPool::Grow ContextPool::add_reserved(std::uint64_t base, std::size_t size
   std::uint64_t usable = size > start - base ? round_down(size - (start - base), Suballocator::kAlignment) : 0;
   std::uint32_t id = usable ? sub_.add_chunk(start, usable) : Suballocator::kNoChunk;
   if (id == Suballocator::kNoChunk) {
-    up_.release(base, size);  // unusable (overlaps a chunk we hold?): give it straight back
+    give_chunk(base, size);  // unusable (overlaps a chunk we hold?): give it straight back
     return {0, OomClass::device, 0};
   }
   add_reservation_locked(id, base, size);
   idle_since_[id] = now();
   if (is_prealloc) prealloc_chunk_ = id;
   return {sub_.allocate(bytes), OomClass::none, 0};
+}
+
+UpstreamStatus ContextPool::take_chunk(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base,
+                                       std::size_t* got, int* driver_code, AdmissionWait* wait) {
+  if (admission_->share() == nullptr) return up_.reserve(bytes, min_bytes, base, got, driver_code);
+  const UpstreamStatus st = reserve_at_least(bytes, min_bytes, got, [&](std::size_t n, bool last) {
+    if (!admission_->admit_shared(n, last, wait)) {
+      *driver_code = 0;
+      return UpstreamStatus::share_exhausted;
+    }
+    std::size_t exact = 0;
+    const UpstreamStatus s = up_.reserve(n, n, base, &exact, driver_code);
+    if (s != UpstreamStatus::ok) admission_->release_shared(n);
+    return s;
+  });
+  admission_->publish();
+  return st;
+}
+
+void ContextPool::give_chunk(std::uint64_t base, std::size_t bytes) {
+  up_.release(base, bytes);
+  admission_->release_shared(bytes);
+}
+
+UpstreamStatus ContextPool::map_granules(std::uint64_t va, std::size_t bytes, int* driver_code, AdmissionWait* wait) {
+  if (!admission_->admit_shared(bytes, true, wait)) {
+    *driver_code = 0;
+    admission_->publish();
+    return UpstreamStatus::share_exhausted;
+  }
+  const UpstreamStatus st = up_.map(va, bytes, driver_code);
+  if (st != UpstreamStatus::ok) admission_->release_shared(bytes);
+  admission_->publish();
+  return st;
+}
+
+void ContextPool::unmap_granules(std::uint64_t va, std::size_t bytes) {
+  up_.unmap(va, bytes);
+  admission_->release_shared(bytes);
 }
 
 void ContextPool::add_reservation_locked(std::uint32_t id, std::uint64_t base, std::size_t size) {

@@ -1,8 +1,10 @@
 // ContextPool: the memory of one device context, handed out from chunks taken through an Upstream
 // (the real driver in the shim, SimUpstream in tests and replay). Thread-safe: one mutex per
 // pool, never held across an upstream call that can take long (reserve, release, synchronize,
-// wait_fence). The policies (growth, preallocate; vmm in VmmRange, vmm_range.h), the cap, free
-// modes and OOM classification live here; docs/design.md ("The pool") explains the rules.
+// wait_fence). The policies (growth, preallocate; vmm in VmmRange, vmm_range.h), free modes and
+// OOM classification live here; what it takes from the upstream passes the device's admission
+// first (the cap, then the shared budget: device_admission.h). docs/design.md ("The pool")
+// explains the rules.
 #pragma once
 
 #include <algorithm>
@@ -17,7 +19,7 @@
 
 #include "clock.h"
 #include "config.h"
-#include "device_account.h"
+#include "device_admission.h"
 #include "growth_rule.h"
 #include "pool_events.h"
 #include "quarantine.h"
@@ -42,23 +44,25 @@ enum class FreeResult {
   double_free,  // inside the pool but not a live block (already freed, or still in quarantine)
 };
 
-class ContextPool final : public ThreadCacheOwner {
+class ContextPool final : public ThreadCacheOwner, public MemoryHolder {
  public:
   // A time source (ns). Default: CLOCK_MONOTONIC (policy/clock.h); ProcessMemory hands its pools
   // its own, tests and replay theirs.
   using Clock = cupool::Clock;
 
-  // `account`: what the process holds on the device, shared with its other pools and with memory
-  // no context names (ProcessMemory's); nullptr: the pool keeps an account of its own.
+  // `admission`: the device's (ProcessMemory's), shared with the device's other pools and the
+  // memory outside them; nullptr: the pool has one of its own (the cap from cfg, no shared budget).
   ContextPool(const Config& cfg, int device, Upstream& upstream, PoolObserver* observer,
-             DeviceAccount* account = nullptr);
+             DeviceAdmission* admission = nullptr);
   ~ContextPool();
   ContextPool(const ContextPool&) = delete;
   ContextPool& operator=(const ContextPool&) = delete;
 
   // size 0: ptr 0, no error. `state`, if given, receives the pool state after the call, read
-  // under the same lock (the trace wants it, and a second lock round-trip costs).
-  AllocResult allocate(std::size_t size, PoolStats* state = nullptr);
+  // under the same lock (the trace wants it, and a second lock round-trip costs). `wait`: the
+  // deadline of the allocation's waits for the shared budget, when it spans several calls
+  // (nullptr: this call's own).
+  AllocResult allocate(std::size_t size, PoolStats* state = nullptr, AdmissionWait* wait = nullptr);
   // `size`, if given, receives the freed block's size (0 if not freed); `state` as above.
   FreeResult deallocate(std::uint64_t ptr, std::size_t* size = nullptr, PoolStats* state = nullptr);
 
@@ -74,20 +78,15 @@ class ContextPool final : public ThreadCacheOwner {
   // also has, plus free bytes inside the pool).
   void mem_info(std::size_t* free, std::size_t* total);
 
-  // Memory the process holds outside the pool (passthrough, VMM, stream-ordered) counts against
-  // the cap. try_charge_outside gives back wholly free chunks before it refuses.
-  bool try_charge_outside(std::size_t bytes);
   bool has_room(std::size_t bytes) const;  // under the cap as things stand (nothing given back)
-  // What the pool holds that nothing uses goes back (thread caches, the quarantine once its
-  // fences retire, wholly free chunks but the preallocated one): room for a charge elsewhere on
-  // the device (memory that names the device but no context).
-  void give_back_idle();
-  void uncharge_outside(std::size_t bytes);
-  // Memory the driver has already handed out where no admission could come first (graph memory
-  // the driver reports after the fact): counted, whatever the cap says.
-  void charge_outside(std::size_t bytes);
 
-  void trim();     // give back every wholly free chunk (the preallocated one too)
+  // MemoryHolder: what the device's admission asks of its pools when it is short. What the pool
+  // holds that nothing uses goes back (thread caches, the quarantine once its fences retire,
+  // wholly free chunks but the preallocated one), once its growth in flight has landed: room for
+  // memory outside the pools (which the cap counts too).
+  void give_back_idle() override;
+  void trim() override;  // give back every wholly free chunk (the preallocated one too)
+  void held(std::uint64_t* in_use, std::uint64_t* reserved) const override;
   void abandon();  // the context is gone: forget everything, never call the upstream again
   // In a forked child: the parent's threads may have held the pool's or a cache's lock at the
   // fork; with only this thread left, they are released, then the pool is abandoned.
@@ -98,12 +97,11 @@ class ContextPool final : public ThreadCacheOwner {
   // Replay: one thread replays the calls of every recorded thread, and each recorded thread gets
   // the cache its calls would have had: *tid names whose call is being replayed. Set before use.
   void set_recorded_thread(const std::uint32_t* tid) { recorded_thread_ = tid; }
-  std::uint64_t cap() const { return cap_; }
-  bool limited() const { return has_limit_; }  // CUPOOL_LIMIT names this device (else the cap is its size)
+  std::uint64_t cap() const { return admission_->cap(); }
+  DeviceAdmission& admission() const { return *admission_; }
   // False for a preallocated region that may not grow (CUPOOL_PREALLOCATE_GROW unset): the pool
   // then never asks the driver for more.
   bool may_grow() const;
-  std::uint64_t outside() const;
   // The vmm policy is in force: blocks lie in one virtual range backed by granules mapped on
   // demand (false under vmm when the upstream has no virtual memory: the pool then grows in
   // chunks). The driver's IPC handles do not cover such blocks: cupool shares them itself
@@ -158,32 +156,33 @@ class ContextPool final : public ThreadCacheOwner {
   static constexpr std::uint64_t kNever = ~std::uint64_t{0};  // no time yet (next_idle_check_, idle_before)
 
   std::uint64_t now() const { return clock_(clock_ctx_); }
-  std::uint64_t charged() const { return reserved_locked() + transit_ + outside_; }
+  std::uint64_t charged() const { return reserved_locked() + transit_; }
   // What the pool holds from the device: its chunks, or (vmm) its mapped granules.
   std::uint64_t reserved_locked() const;
   // Bytes the pool holds that no live or quarantined block uses (thread caches aside).
   std::uint64_t free_locked() const;
-  // The class of a refusal at the cap: limit, unless no limit was set and the cap is just the
-  // device's size.
-  OomClass at_cap() const { return has_limit_ ? OomClass::limit : OomClass::device; }
-  // What the device's account holds, with this pool's part as it is now (not as last posted).
+  OomClass at_cap() const { return admission_->cap_refusal(); }
+  // What the device's admission holds, with this pool's part as it is now (not as last posted).
   std::uint64_t device_charged() const {
-    const std::uint64_t all = account_->charged();
+    const std::uint64_t all = admission_->charged();
     return (all > posted_ ? all - posted_ : 0) + charged();
   }
-  std::uint64_t headroom() const { return cap_ > device_charged() ? cap_ - device_charged() : 0; }
-  // Tells the device's account what charged() became (at every unlock).
+  std::uint64_t headroom() const {
+    const std::uint64_t cap = admission_->cap(), charged = device_charged();
+    return cap > charged ? cap - charged : 0;
+  }
+  // Tells the device's admission what charged() became (at every unlock).
   void post_locked() const {
     const std::uint64_t now = charged();
     if (now == posted_) return;
-    account_->add(static_cast<std::int64_t>(now) - static_cast<std::int64_t>(posted_));
+    admission_->add(static_cast<std::int64_t>(now) - static_cast<std::int64_t>(posted_));
     posted_ = now;
   }
-  // The admission of `bytes` more, atomic across the device's pools: true when they fit under
-  // the cap, and the caller then adds them to transit_ or outside_.
+  // The cap's admission of `bytes` more, atomic across the device's pools and the memory outside
+  // them: true when they fit, and the caller then adds them to transit_.
   bool take_locked(std::uint64_t bytes) {
     post_locked();
-    if (!account_->try_take(bytes)) return false;
+    if (!admission_->try_take(bytes)) return false;
     posted_ += bytes;
     return true;
   }
@@ -204,6 +203,16 @@ class ContextPool final : public ThreadCacheOwner {
     transit_cv_.notify_all();  // waiters re-check once the memory is in (same critical section)
     return true;
   }
+  // The upstream's memory, past the shared budget (the cap's part is reserve_unlocked's): a chunk
+  // of `bytes`, else anything down to `min_bytes` (Upstream::reserve), each ask admitted by the
+  // budget on its own, only the smallest waiting for room; and granules mapped. What is given
+  // back goes back to the budget too. Called with the lock dropped (or, to give back, held where
+  // the release is rare).
+  UpstreamStatus take_chunk(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base, std::size_t* got,
+                            int* driver_code, AdmissionWait* wait);
+  void give_chunk(std::uint64_t base, std::size_t bytes);
+  UpstreamStatus map_granules(std::uint64_t va, std::size_t bytes, int* driver_code, AdmissionWait* wait);
+  void unmap_granules(std::uint64_t va, std::size_t bytes);
   // Reservation `id` of the suballocator's chunks is [base, base + size) of the upstream's.
   void add_reservation_locked(std::uint32_t id, std::uint64_t base, std::size_t size);
   PoolStats state_locked() const;
@@ -226,14 +235,14 @@ class ContextPool final : public ThreadCacheOwner {
   void retire_cache(ThreadCache* cache) override;
   void publish_ranges_locked();
 
-  AllocResult allocate_slow(Lock& lk, std::size_t size);
+  AllocResult allocate_slow(Lock& lk, std::size_t size, AdmissionWait* wait);
   bool wait_for_growth(Lock& lk);
   bool wait_for_transit(Lock& lk);
   std::uint64_t wait_for_quarantine(Lock& lk, std::uint64_t bytes);
   bool wait_oldest_fence(Lock& lk, bool seal_first, bool bounding = false);
   void bound_quarantine(Lock& lk);
-  Grow grow(Lock& lk, std::size_t bytes);
-  Grow preallocate(Lock& lk, std::size_t bytes);
+  Grow grow(Lock& lk, std::size_t bytes, AdmissionWait* wait);
+  Grow preallocate(Lock& lk, std::size_t bytes, AdmissionWait* wait);
   Grow add_reserved(std::uint64_t base, std::size_t size, std::size_t bytes, bool is_prealloc);
   std::size_t release_free_chunks(Lock& lk, bool include_prealloc, std::uint64_t idle_before);
   std::uint64_t give_back_free(Lock& lk, bool include_prealloc);  // chunks, or (vmm) idle granules
@@ -261,18 +270,15 @@ class ContextPool final : public ThreadCacheOwner {
   Suballocator sub_;
   std::vector<Reservation> reservations_;
   std::uint64_t device_total_ = 0;
-  std::uint64_t cap_ = 0;
-  bool has_limit_ = false;
-  std::unique_ptr<DeviceAccount> own_account_;  // when no shared account was given
-  DeviceAccount* account_ = nullptr;
-  mutable std::uint64_t posted_ = 0;  // charged() as account_ last heard it (under mu_)
+  std::unique_ptr<DeviceAdmission> own_admission_;  // when none was given
+  DeviceAdmission* admission_ = nullptr;
+  mutable std::uint64_t posted_ = 0;  // charged() as admission_ last heard it (under mu_)
   std::uint64_t transit_ = 0;   // bytes being reserved or released outside the lock
   int growing_ = 0;             // reservations (grow, preallocate) in flight
   // Signalled when a reservation or a release in flight lands: a thread that could not fit
   // beside it waits for it instead of refusing (docs/design.md, "Cap").
   std::condition_variable_any transit_cv_;
   std::condition_variable_any fence_cv_;  // a thread's wait for a fence has retired batches
-  std::uint64_t outside_ = 0;
   std::uint64_t step_ = 0;      // growth: the next chunk size
   std::atomic<bool> abandoned_{false};  // read without the lock by the thread-cache paths
 

@@ -1,6 +1,6 @@
 // What a ContextPool gives back (context_pool.h): wholly free chunks (idle or all) or idle
-// granules, its caches and quarantine for room elsewhere on the device, and everything when its
-// context goes; and the memory outside it that the cap counts, which such room makes fit.
+// granules, its caches and quarantine when the device's admission needs room, and everything
+// when its context goes.
 #include "context_pool.h"
 
 #include <algorithm>
@@ -11,39 +11,6 @@
 
 namespace cupool {
 
-// Refused only when the bytes the process holds plus `bytes` pass the cap once the pool has given
-// back what it can (thread caches, the quarantine, wholly free chunks) and no reservation or
-// release of another thread is still in flight.
-bool ContextPool::try_charge_outside(std::size_t bytes) {
-  Lock lk(mu_);
-  for (bool given_back = false;;) {
-    if (bytes <= headroom() && take_locked(bytes)) {
-      outside_ += bytes;
-      return true;
-    }
-    if (abandoned_) break;
-    if (wait_for_growth(lk)) continue;
-    if (!given_back) {
-      given_back = true;
-      give_back_idle_locked(lk);
-      continue;
-    }
-    if (!wait_for_transit(lk)) break;
-  }
-  emit(PoolEvent::Kind::oom, bytes, 0, now(), 0, at_cap());
-  return false;
-}
-
-void ContextPool::charge_outside(std::size_t bytes) {
-  Lock lk(mu_);
-  outside_ += bytes;
-}
-
-void ContextPool::uncharge_outside(std::size_t bytes) {
-  Lock lk(mu_);
-  outside_ -= std::min<std::uint64_t>(outside_, bytes);
-}
-
 void ContextPool::give_back_idle_locked(Lock& lk) {
   reclaim_caches_locked();
   retire_ready();
@@ -52,9 +19,23 @@ void ContextPool::give_back_idle_locked(Lock& lk) {
   give_back_free(lk, false);
 }
 
+// The admission refuses only once the bytes the process holds, plus what it asks, pass the cap
+// after this: the pool's growth in flight has landed (it counts against the cap until then),
+// what nothing uses has gone back, and no release of another thread is still in flight.
 void ContextPool::give_back_idle() {
   Lock lk(mu_);
-  if (!abandoned_) give_back_idle_locked(lk);
+  while (wait_for_growth(lk)) {
+  }
+  if (abandoned_) return;
+  give_back_idle_locked(lk);
+  wait_for_transit(lk);
+}
+
+void ContextPool::held(std::uint64_t* in_use, std::uint64_t* reserved) const {
+  Lock lk(mu_);
+  const PoolStats s = state_locked();
+  *in_use = s.in_use;
+  *reserved = s.reserved;
 }
 
 std::uint64_t ContextPool::give_back_free(Lock& lk, bool include_prealloc) {
@@ -93,7 +74,7 @@ std::size_t ContextPool::release_free_chunks(Lock& lk, bool include_prealloc, st
   times.reserve(gone.size());
   for (const Reservation& r : gone) {
     std::uint64_t t0 = now();
-    up_.release(r.base, r.size);
+    give_chunk(r.base, r.size);
     times.emplace_back(t0, now() - t0);
   }
   lk.lock();
@@ -152,7 +133,6 @@ void ContextPool::abandon() {
   idle_since_.clear();
   quarantine_.clear();
   vmm_->clear();
-  outside_ = 0;
   prealloc_chunk_ = Suballocator::kNoChunk;
   next_idle_check_ = kNever;
 }

@@ -45,15 +45,10 @@ void ContextPool::mem_info(std::size_t* free, std::size_t* total) {
   std::size_t dev_total = 0, dev_free = 0;
   up_.device_memory(&dev_total, &dev_free);  // outside the lock: the real query is a driver call
   Lock lk(mu_);
-  std::uint64_t t = has_limit_ ? cap_ : dev_total;
+  std::uint64_t t = admission_->limited() ? admission_->cap() : dev_total;
   std::uint64_t f = std::min<std::uint64_t>(headroom(), dev_free) + free_locked() + thread_cached_locked();
   if (free) *free = std::min(f, t);
   if (total) *total = t;
-}
-
-std::uint64_t ContextPool::outside() const {
-  Lock lk(mu_);
-  return outside_;
 }
 
 std::uint64_t ContextPool::thread_cached() const {

@@ -1,8 +1,6 @@
 // ProcessMemory (process_memory.h): all the device memory of one process, as cupool governs it.
 #include "process_memory.h"
 
-#include "budgeted_upstream.h"
-
 #include <algorithm>
 #include <iterator>
 #include <map>
@@ -62,13 +60,8 @@ ContextMemory* ProcessMemory::find_or_add(std::uint64_t ctx, const std::function
     record->upstream->device_memory(&total, &free);
     record->device_total = total;
   }
-  Upstream* pool_upstream = record->upstream;
-  if (share_) {
-    record->budgeted = std::make_unique<BudgetedUpstream>(*record->upstream, *share_, *record, cfg_.share_wait_ns);
-    pool_upstream = record->budgeted.get();
-  }
-  record->pool = std::make_unique<ContextPool>(cfg_, record->device, *pool_upstream, observer_,
-                                              &account(record->device, record->device_total));
+  record->pool = std::make_unique<ContextPool>(cfg_, record->device, *record->upstream, observer_,
+                                              &admission(record->device, record->device_total));
   record->pool->set_clock(clock_, nullptr);
   ContextMemory* c = record.get();
   records_.push_back(std::move(record));
@@ -89,11 +82,14 @@ void ProcessMemory::drop_slot_locked(int i, const std::function<void(ContextMemo
   ContextMemory* c = slot_[i];
   slot_ctx_[i].store(kDropped, std::memory_order_release);
   if (before) before(*c);
-  // The driver frees all of it with the context: the shared budget gets back what the pool's
-  // chunks and the memory outside the pool held (chunks in flight settle themselves).
-  std::uint64_t held = c->pool->state().reserved;
+  // The driver frees all of it with the context: the device's admission gets back what the
+  // pool's chunks and the memory outside the pool held (chunks in flight settle themselves).
+  DeviceAdmission& admission = c->pool->admission();
+  const std::uint64_t pooled = c->pool->state().reserved;
   c->pool->abandon();
+  admission.release_shared(pooled);  // (the cap's part goes with the pool's next post)
   if (VmmCache* cache = vmm_cache_.load(std::memory_order_acquire)) cache->abandon(c->upstream);
+  std::uint64_t outside = 0;
   {
     std::lock_guard lock(outside_mutex_);
     for (auto it = outside_.begin(); it != outside_.end();) {
@@ -101,11 +97,11 @@ void ProcessMemory::drop_slot_locked(int i, const std::function<void(ContextMemo
         ++it;
         continue;
       }
-      held += it->second.bytes;
+      outside += it->second.bytes;
       it = outside_.erase(it);
     }
   }
-  if (share_) share_->release(c->device, held);
+  admission.release_outside(outside);
 }
 
 void ProcessMemory::drop(std::uint64_t ctx, const std::function<void(ContextMemory&)>& before) {
@@ -123,10 +119,9 @@ void ProcessMemory::drop_if(const std::function<bool(const ContextMemory&)>& whi
 // ---- allocation ------------------------------------------------------------------------------
 
 AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const char* api, PoolStats* state) {
-  std::optional<ShareAskScope> ask;  // every budget wait of this allocation ends at one deadline
-  if (share_) ask.emplace();
-  AllocResult r = c.pool->allocate(size, state);
-  if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state);  // kept VMM mappings first
+  AdmissionWait wait;  // every budget wait of this allocation ends at one deadline
+  AllocResult r = c.pool->allocate(size, state, &wait);
+  if (r.ptr == 0 && vmm_evict(&c) > 0) r = c.pool->allocate(size, state, &wait);  // kept VMM mappings first
   if (r.ptr == 0) {
     if (r.oom == OomClass::share && share_) share_->note_oom();
     warn_oom(c, api, size, r.oom == OomClass::none ? OomClass::device : r.oom);
@@ -134,16 +129,13 @@ AllocResult ProcessMemory::allocate(ContextMemory& c, std::size_t size, const ch
   return r;
 }
 
-OomClass ProcessMemory::refusal_class(OomClass pool_class, int device) const {
-  return pool_class == OomClass::limit && !cfg_.limit.for_device(device) ? OomClass::device : pool_class;
-}
-
 OomClass ProcessMemory::refusal_class(OutsideAnswer answer, int device) const {
   switch (answer) {
     case OutsideAnswer::ok:
       return OomClass::none;
     case OutsideAnswer::refused_by_cap:
-      return refusal_class(OomClass::limit, device);
+      if (const DeviceAdmission* a = find_admission(device)) return a->cap_refusal();
+      return OomClass::device;
     case OutsideAnswer::refused_by_share:
       return OomClass::share;
     default:
@@ -156,82 +148,60 @@ void ProcessMemory::remember_outside(std::uint64_t key, std::uint64_t bytes, Con
   outside_[key] = Outside{bytes, owner, device};
 }
 
-DeviceAccount& ProcessMemory::account(int device, std::uint64_t device_total) {
-  std::lock_guard lock(accounts_mutex_);
-  std::unique_ptr<DeviceAccount>& a = accounts_[device];
-  if (!a) {
-    const auto limit = cfg_.limit.for_device(device);
-    a = std::make_unique<DeviceAccount>(limit ? limit->resolve(device_total) : device_total);
-  }
+DeviceAdmission& ProcessMemory::admission(int device, std::uint64_t device_total) {
+  std::lock_guard lock(admissions_mutex_);
+  std::unique_ptr<DeviceAdmission>& a = admissions_[device];
+  if (!a) a = std::make_unique<DeviceAdmission>(cfg_, device, device_total, share_);
   return *a;
 }
 
-DeviceAccount* ProcessMemory::find_account(int device) const {
-  std::lock_guard lock(accounts_mutex_);
-  auto it = accounts_.find(device);
-  return it == accounts_.end() ? nullptr : it->second.get();
+DeviceAdmission* ProcessMemory::find_admission(int device) const {
+  std::lock_guard lock(admissions_mutex_);
+  auto it = admissions_.find(device);
+  return it == admissions_.end() ? nullptr : it->second.get();
+}
+
+OutsideAnswer ProcessMemory::refused_outside(int device, ContextMemory* c, std::uint64_t bytes, OomClass oom) {
+  if (oom == OomClass::share) share_->note_oom();
+  if (observer_) {
+    PoolEvent e;
+    e.kind = PoolEvent::Kind::oom;
+    e.t_ns = clock_(nullptr);
+    e.size = bytes;
+    e.tid = current_thread_id();
+    e.device = device;
+    e.oom = oom;
+    if (c) {
+      e.has_stats = true;
+      e.stats = c->pool->state();
+    }
+    observer_->pool_event(e);
+  }
+  return oom == OomClass::share ? OutsideAnswer::refused_by_share : OutsideAnswer::refused_by_cap;
 }
 
 OutsideAnswer ProcessMemory::admit_on_device(int device, std::uint64_t device_total, std::uint64_t bytes,
                                              const char* api) {
-  DeviceAccount& a = account(device, device_total);
-  bool taken = a.try_take(bytes);
-  if (!taken) {  // the device's pools give back what nothing uses, then once more
-    for_each([&](ContextMemory& c) {
-      if (c.device == device) c.pool->give_back_idle();
-    });
-    taken = a.try_take(bytes);
-  }
-  if (!taken) {
-    // With no limit set the cap is the device's size: the device's refusal, not a limit's.
-    warn_device_oom(device, api, bytes, cfg_.limit.for_device(device) ? OomClass::limit : OomClass::device, a);
-    return OutsideAnswer::refused_by_cap;
-  }
-  if (share_ && !share_->admit(device, device_total, bytes, cfg_.share_wait_ns)) {
-    a.add(-static_cast<std::int64_t>(bytes));
-    share_->note_oom();
-    warn_device_oom(device, api, bytes, OomClass::share, a);
-    return OutsideAnswer::refused_by_share;
-  }
-  a.add_unowned(static_cast<std::int64_t>(bytes));
-  return OutsideAnswer::ok;
-}
-
-void ProcessMemory::unadmit_on_device(int device, std::uint64_t bytes) {
-  if (DeviceAccount* a = find_account(device)) {
-    a->add(-static_cast<std::int64_t>(bytes));
-    a->add_unowned(-static_cast<std::int64_t>(bytes));
-  }
-  if (share_) share_->release(device, bytes);
+  DeviceAdmission& a = admission(device, device_total);
+  const OomClass oom = a.admit_outside(bytes, nullptr);
+  if (oom == OomClass::none) return OutsideAnswer::ok;
+  warn_device_oom(device, api, bytes, oom, a);
+  return refused_outside(device, nullptr, bytes, oom);
 }
 
 OutsideAnswer ProcessMemory::admit_outside(ContextMemory& c, std::uint64_t bytes, const char* api) {
   // Free mappings the cache keeps are charged: past the cap, they go back first (before the
-  // charge, whose refusal is an oom event of its own).
+  // admission, whose refusal is an oom event of its own).
   if (vmm_free_bytes(&c) > 0 && !c.pool->has_room(bytes)) vmm_evict(&c);
-  if (!c.pool->try_charge_outside(bytes)) {
-    // With no limit set the cap is the device's size: the device's refusal, not a limit's.
-    warn_oom(c, api, bytes, c.pool->limited() ? OomClass::limit : OomClass::device);
-    return OutsideAnswer::refused_by_cap;
-  }
-  if (share_ && !share_->admit(c.device, device_total(c), bytes, cfg_.share_wait_ns)) {
-    c.pool->uncharge_outside(bytes);
-    share_->note_oom();
-    warn_oom(c, api, bytes, OomClass::share);
-    return OutsideAnswer::refused_by_share;
-  }
-  return OutsideAnswer::ok;
+  const OomClass oom = c.pool->admission().admit_outside(bytes, nullptr);
+  if (oom == OomClass::none) return OutsideAnswer::ok;
+  warn_oom(c, api, bytes, oom);
+  return refused_outside(c.device, &c, bytes, oom);
 }
 
-void ProcessMemory::unadmit_outside(ContextMemory& c, std::uint64_t bytes) {
-  c.pool->uncharge_outside(bytes);
-  if (share_) share_->release(c.device, bytes);
-}
+void ProcessMemory::unadmit_outside(ContextMemory& c, std::uint64_t bytes) { c.pool->admission().release_outside(bytes); }
 
-void ProcessMemory::charge_outside(ContextMemory& c, std::uint64_t bytes) {
-  c.pool->charge_outside(bytes);
-  if (share_) share_->add(c.device, bytes);
-}
+void ProcessMemory::charge_outside(ContextMemory& c, std::uint64_t bytes) { c.pool->admission().charge_outside(bytes); }
 
 bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, ContextMemory** owner, int* device) {
   Outside o{};
@@ -243,7 +213,7 @@ bool ProcessMemory::forget_outside(std::uint64_t key, std::uint64_t* bytes, Cont
     outside_.erase(it);
   }
   if (o.owner) unadmit_outside(*o.owner, o.bytes);
-  else if (o.device >= 0) unadmit_on_device(o.device, o.bytes);
+  else if (o.device >= 0) find_admission(o.device)->release_outside(o.bytes);
   if (bytes) *bytes = o.bytes;
   if (owner) *owner = o.owner;
   if (device) *device = o.device;
@@ -295,7 +265,7 @@ bool ProcessMemory::mem_info_device(int device, std::uint64_t device_total, std:
                                     std::size_t* free, std::size_t* total) {
   if (free == nullptr || total == nullptr || device < 0) return false;
   // A device the process never charged anything to keeps the driver's answer, as one it never used does.
-  DeviceAccount* a = find_account(device);
+  DeviceAdmission* a = find_admission(device);
   if (a == nullptr) return false;
   const auto limit = cfg_.limit.for_device(device);
   const std::uint64_t cap = a->cap();
@@ -332,25 +302,13 @@ std::uint64_t ProcessMemory::vmm_free_bytes(ContextMemory* c) const {
 
 void ProcessMemory::publish_share() {
   if (!share_) return;
-  // Per device, every context's pool and what names the device alone: in use is what blocks and
-  // memory outside the pools hold; reserved, what the process holds from the driver there.
-  std::map<int, std::pair<std::uint64_t, std::uint64_t>> by_device;  // in use, reserved
-  for_each([&](ContextMemory& c) {
-    const PoolStats s = c.pool->state();
-    const std::uint64_t outside = c.pool->outside();
-    auto& [in_use, reserved] = by_device[c.device];
-    in_use += s.in_use + outside;
-    reserved += s.reserved + outside;
-  });
+  // Per device: every context's pool there and the memory outside them (the admission sums them).
+  std::vector<DeviceAdmission*> all;
   {
-    std::lock_guard lock(accounts_mutex_);
-    for (const auto& [device, a] : accounts_) {
-      auto& [in_use, reserved] = by_device[device];
-      in_use += a->unowned();
-      reserved += a->unowned();
-    }
+    std::lock_guard lock(admissions_mutex_);
+    for (const auto& [device, a] : admissions_) all.push_back(a.get());
   }
-  for (const auto& [device, figures] : by_device) share_->publish(device, figures.first, figures.second);
+  for (DeviceAdmission* a : all) a->publish();
 }
 
 void ProcessMemory::give_back() {
@@ -390,8 +348,8 @@ void ProcessMemory::child_after_fork(const std::function<void(ContextMemory&)>& 
     vmm_cache_.store(new VmmCache(*vmm_driver_, cfg_.free_mode), std::memory_order_release);
   outside_.clear();
   {
-    std::lock_guard lock(accounts_mutex_);  // taken by no thread but this one in the child
-    for (auto& [device, a] : accounts_) a->reset();
+    std::lock_guard lock(admissions_mutex_);  // taken by no thread but this one in the child
+    for (auto& [device, a] : admissions_) a->reset();
   }
   outside_mutex_.unlock();
   contexts_mutex_.unlock();
@@ -430,7 +388,7 @@ std::string ProcessMemory::describe_oom(const ContextMemory& c, const char* api,
 }
 
 void ProcessMemory::warn_device_oom(int device, const char* api, std::uint64_t size, OomClass oom,
-                                    const DeviceAccount& a) const {
+                                    const DeviceAdmission& a) const {
   if (!warnings_) return;
   std::string message = std::string("out of memory on device ") + std::to_string(device) + ": " + api + " of " +
                         human_bytes(size) + " refused (";

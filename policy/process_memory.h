@@ -2,9 +2,11 @@
 // The shim translates CUDA calls into calls on one ProcessMemory and its answers back into CUDA
 // codes; `cupool replay` drives the very same object on simulated devices, so that a replay runs
 // what the shim runs, not an imitation of it. It holds:
-// - one ContextPool per device context (growth, preallocate, the cap, free modes);
+// - one ContextPool per device context (growth, preallocate, vmm, free modes);
+// - one DeviceAdmission per device (the cap, then the shared budget), which the device's pools
+//   and all memory outside them pass;
 // - the table of memory the process holds outside the pools (passthrough, managed,
-//   stream-ordered, virtual memory, arrays), charged against the cap and uncharged at its free;
+//   stream-ordered, virtual memory, arrays), admitted by its device and given back at its free;
 // - the VMM mapping cache, and the rule that its kept mappings go back before anything is refused;
 // - what each memory call does to the process, in the caller's terms (policy/memory_calls.h says
 //   which API a pool serves): allocate, free, the VMM cache's protocol, context drop;
@@ -23,7 +25,7 @@
 #include "clock.h"
 #include "config.h"
 #include "context_pool.h"
-#include "device_account.h"
+#include "device_admission.h"
 #include "memory_calls.h"
 #include "pool_events.h"
 #include "shared_budget.h"
@@ -31,8 +33,6 @@
 #include "vmm_cache.h"
 
 namespace cupool {
-
-class BudgetedUpstream;  // budgeted_upstream.h
 
 // The memory of one device context. Records are never freed while the process runs: a thread may
 // still hold one whose context another thread has just destroyed.
@@ -42,8 +42,6 @@ struct ContextMemory {
   int device = -1;
   Upstream* upstream = nullptr;  // owned by the caller
   std::unique_ptr<ContextPool> pool;
-  // With a shared budget: the upstream the pool uses, which asks the budget before the driver.
-  std::unique_ptr<BudgetedUpstream> budgeted;
   std::uint64_t device_total = 0;  // the device's memory (set once, at creation): a percent budget's base
 };
 
@@ -127,14 +125,13 @@ class ProcessMemory {
   }
   // Set once, the first time a block is shared (nullptr: every free goes to its pool at once).
   void set_free_gate(FreeGate* gate) { free_gate_.store(gate, std::memory_order_release); }
-  // The class a refusal on `device` is reported as: with no limit set, the cap is the device's size,
-  // so a refusal at the cap is of class device (as the pool's growth rule says, context_pool.cpp).
-  OomClass refusal_class(OomClass pool_class, int device) const;
-  OomClass refusal_class(OutsideAnswer answer, int device) const;  // none for ok
+  // The class a refusal outside the pools on `device` is reported as (none for ok): the device's
+  // admission says what a refusal at the cap is (DeviceAdmission::cap_refusal).
+  OomClass refusal_class(OutsideAnswer answer, int device) const;
 
-  // ---- the device's account: what the process holds there, across its contexts and memory that
-  // names the device but no context. Made at first use; `device_total` resolves a percent cap.
-  DeviceAccount& account(int device, std::uint64_t device_total);
+  // ---- the device's admission: what the process holds there, across its contexts and memory
+  // that names the device but no context. Made at first use; `device_total` resolves a percent cap.
+  DeviceAdmission& admission(int device, std::uint64_t device_total);
 
   // ---- memory outside the pools. `c` may be nullptr (no context and no device: nothing is charged).
   // `call` makes the allocation and returns how it went and, on success, the key its free will
@@ -153,9 +150,9 @@ class ProcessMemory {
   bool forget_outside(std::uint64_t key, std::uint64_t* bytes = nullptr, ContextMemory** owner = nullptr,
                       int* device = nullptr);
   // Memory the driver takes on its own during a call, outside any allocation (graph memory):
-  // the most it could take is admitted first, against the cap and the shared budget as
-  // allocate_outside does (ok, refused_by_cap or refused_by_share), and unadmitted after the
-  // call; what the driver then reports is charged, without admission, and uncharged.
+  // the most it could take is admitted first, by the device's admission as allocate_outside's
+  // is (ok, refused_by_cap or refused_by_share), and unadmitted after the call; what the driver
+  // then reports is charged, without admission, and unadmitted.
   OutsideAnswer admit_outside(ContextMemory& c, std::uint64_t bytes, const char* api);
   void unadmit_outside(ContextMemory& c, std::uint64_t bytes);
   void charge_outside(ContextMemory& c, std::uint64_t bytes);
@@ -245,12 +242,13 @@ class ProcessMemory {
 
   void warn_oom(const ContextMemory& c, const char* api, std::uint64_t size, OomClass oom) const;
   void warn_double_free(const char* api) const;
-  void warn_device_oom(int device, const char* api, std::uint64_t size, OomClass oom, const DeviceAccount& a) const;
+  void warn_device_oom(int device, const char* api, std::uint64_t size, OomClass oom, const DeviceAdmission& a) const;
   static std::uint64_t device_total(const ContextMemory& c);
   void remember_outside(std::uint64_t key, std::uint64_t bytes, ContextMemory* owner, int device);
   OutsideAnswer admit_on_device(int device, std::uint64_t device_total, std::uint64_t bytes, const char* api);
-  void unadmit_on_device(int device, std::uint64_t bytes);
-  DeviceAccount* find_account(int device) const;
+  DeviceAdmission* find_admission(int device) const;
+  // A refusal outside the pools, as the pools record theirs: an oom event of its class.
+  OutsideAnswer refused_outside(int device, ContextMemory* c, std::uint64_t bytes, OomClass oom);
   // The VMM cache gave a kept mapping's handle back to the driver: uncharged, and a `vmm_release`
   // event of cupool's own says so (reports count kept mappings as reserved until then).
   void given_back(std::uint64_t handle);
@@ -274,8 +272,8 @@ class ProcessMemory {
   std::mutex contexts_mutex_;  // making and dropping records only
   std::vector<std::unique_ptr<ContextMemory>> records_;
 
-  mutable std::mutex accounts_mutex_;
-  std::unordered_map<int, std::unique_ptr<DeviceAccount>> accounts_;  // never erased: pools point in
+  mutable std::mutex admissions_mutex_;
+  std::unordered_map<int, std::unique_ptr<DeviceAdmission>> admissions_;  // never erased: pools point in
 
   mutable std::mutex outside_mutex_;
   std::unordered_map<std::uint64_t, Outside> outside_;
@@ -303,7 +301,7 @@ OutsideAnswer ProcessMemory::allocate_on_device(int device, std::uint64_t device
   std::uint64_t key = 0;
   const OutsideAnswer answer = call(&key);
   if (answer == OutsideAnswer::ok) remember_outside(key, bytes, nullptr, device);
-  else unadmit_on_device(device, bytes);
+  else find_admission(device)->release_outside(bytes);
   return answer;
 }
 

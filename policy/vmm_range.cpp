@@ -43,7 +43,7 @@ bool VmmRange::setup(Lock& lk, Grow* fail) {
     return false;
   }
   const std::uint64_t g = pool_.up_.vmm_granularity();
-  const std::uint64_t size = round_up(std::max<std::uint64_t>(pool_.cap_, g) * kRangeOverCap, g);
+  const std::uint64_t size = round_up(std::max<std::uint64_t>(pool_.cap(), g) * kRangeOverCap, g);
   busy_ = true;
   lk.unlock();
   std::uint64_t va = 0;
@@ -72,9 +72,9 @@ bool VmmRange::setup(Lock& lk, Grow* fail) {
 
 // Its granules are touched first, so that no other thread unmaps them while the lock is dropped
 // around the driver calls; mapped bytes count in transit meanwhile.
-VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
+VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes, AdmissionWait* wait) {
   // More than the cap can ever map: the cap's refusal (or the device's), not fragmentation.
-  if (bytes > pool_.cap_) return {0, pool_.at_cap(), 0};
+  if (bytes > pool_.cap()) return {0, pool_.at_cap(), 0};
   Grow fail{};
   if (!setup(lk, &fail)) return fail;
   for (;;) {
@@ -126,7 +126,7 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
       done.reserve(runs.size());
       for (const Granules::Run& r : runs) {
         const std::uint64_t t0 = pool_.now();
-        st = pool_.up_.map(r.va, r.bytes, &code);
+        st = pool_.map_granules(r.va, r.bytes, &code, wait);
         if (st != UpstreamStatus::ok) break;
         done.push_back({t0, pool_.now() - t0});
       }
@@ -137,9 +137,9 @@ VmmRange::Grow VmmRange::map_block(Lock& lk, std::size_t bytes) {
       return {0, pool_.at_cap(), 0};
     }
     if (pool_.abandoned_) {
-      // The context went meanwhile: the upstream (detached) makes no call, but gives the shared
-      // budget back what it charged for the runs mapped, as a chunk in flight does.
-      for (std::size_t i = 0; i < done.size(); ++i) pool_.up_.unmap(runs[i].va, runs[i].bytes);
+      // The context went meanwhile: the upstream (detached) makes no call, and the shared
+      // budget gets back what it admitted for the runs mapped, as for a chunk in flight.
+      for (std::size_t i = 0; i < done.size(); ++i) pool_.unmap_granules(runs[i].va, runs[i].bytes);
       return {0, OomClass::device, 0};
     }
     for (std::size_t i = 0; i < runs.size(); ++i) granules_.end_map(runs[i], i < done.size());
@@ -265,7 +265,7 @@ std::uint64_t VmmRange::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait)
   times.reserve(runs.size());
   for (const Granules::Run& r : runs) {
     const std::uint64_t t0 = pool_.now();
-    pool_.up_.unmap(r.va, r.bytes);
+    pool_.unmap_granules(r.va, r.bytes);
     times.emplace_back(t0, pool_.now() - t0);
   }
   lk.lock();
@@ -281,7 +281,7 @@ std::uint64_t VmmRange::unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait)
 
 void VmmRange::release_all() {
   if (size_ == 0) return;
-  for (const Granules::Run& r : granules_.begin_unmap(~std::uint64_t{0}, ~std::uint64_t{0})) pool_.up_.unmap(r.va, r.bytes);
+  for (const Granules::Run& r : granules_.begin_unmap(~std::uint64_t{0}, ~std::uint64_t{0})) pool_.unmap_granules(r.va, r.bytes);
   // Granules that blocks still hold (the program did not free them) are mapped too.
   std::uint64_t run_va = 0, run_bytes = 0;
   for (std::uint64_t va = base_; va < base_ + size_; va += granules_.granule()) {
@@ -289,14 +289,14 @@ void VmmRange::release_all() {
       run_bytes += granules_.granule();
       continue;
     }
-    if (run_bytes > 0) pool_.up_.unmap(run_va, run_bytes);
+    if (run_bytes > 0) pool_.unmap_granules(run_va, run_bytes);
     run_bytes = 0;
     if (granules_.mapped(va)) {
       run_va = va;
       run_bytes = granules_.granule();
     }
   }
-  if (run_bytes > 0) pool_.up_.unmap(run_va, run_bytes);
+  if (run_bytes > 0) pool_.unmap_granules(run_va, run_bytes);
   pool_.up_.free_address(base_, size_);
 }
 

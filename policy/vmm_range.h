@@ -31,7 +31,7 @@ class VmmRange {
   std::uint64_t take(std::uint64_t bytes);
   // What growth is to the vmm policy: a block of the range, with memory mapped behind its
   // granules that have none. The range is reserved at the first call.
-  Grow map_block(Lock& lk, std::size_t bytes);
+  Grow map_block(Lock& lk, std::size_t bytes, AdmissionWait* wait);
   // Unmaps up to `bytes` of idle granules, longest idle first; what it unmapped.
   std::uint64_t unmap_idle(Lock& lk, std::uint64_t bytes, bool may_wait);
   // A block of `size` at `ptr` was freed: its granules lose a user. `fenced`: no device work can

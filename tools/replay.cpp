@@ -213,8 +213,6 @@ struct Replayer::Run : public PoolObserver {
     e.t_ns = now;
     e.dur_ns = 0;
     e.tid = tid;  // the thread whose call this is, so an oom pairs with its failed alloc
-    if (auto p = procs.find(source); e.kind == EventKind::oom && p != procs.end() && p->second.memory)
-      e.oom_class = p->second.memory->refusal_class(e.oom_class, e.device);
     analysis.add(source, e, line);
   }
 
@@ -473,17 +471,7 @@ std::uint64_t Replayer::Run::allocate_outside(Here& h, std::uint64_t bytes, bool
     *made = got;
     return OutsideAnswer::ok;
   });
-  *refusal = h.memory.refusal_class(answer, h.e.device);
-  // The budget's refusal is an out-of-memory of class share, as the pool's is (the shim records
-  // none for memory outside the pools: the class would read "device").
-  if (answer == OutsideAnswer::refused_by_share) {
-    PoolEvent oom;
-    oom.kind = PoolEvent::Kind::oom;
-    oom.size = bytes;
-    oom.device = h.e.device;
-    oom.oom = OomClass::share;
-    pool_event(oom);
-  }
+  *refusal = h.memory.refusal_class(answer, h.e.device);  // its oom event came from the admission, as in the shim
   return answer == OutsideAnswer::ok ? got : 0;
 }
 
@@ -534,7 +522,7 @@ void Replayer::Run::alloc(Here& h) {
     trace::PoolState state;
     const AllocResult r = h.memory.allocate(h.ctx, e.size, e.api.c_str(), &state);
     ptr = r.ptr;
-    refusal = r.oom == OomClass::none ? OomClass::device : h.memory.refusal_class(r.oom, e.device);
+    refusal = r.oom == OomClass::none ? OomClass::device : r.oom;
     emit(e, EventKind::alloc, e.size, ptr, ptr ? 0 : SimUpstream::kOutOfMemoryCode, &state);
   } else {
     ptr = allocate_outside(h, e.size, call == nullptr || call->on_device(), &refusal);

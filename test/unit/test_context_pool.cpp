@@ -280,23 +280,25 @@ TEST_CASE("pool: outside charges count against the cap", "[pool]") {
   SimUpstream up(4 * GiB);
   RecordingSink sink;
   ContextPool pool(with_limit(growth_config(32 * MiB, 32 * MiB), 256 * MiB), 0, up, &sink);
-  CHECK(pool.try_charge_outside(200 * MiB));
-  CHECK(pool.outside() == 200 * MiB);
+  DeviceAdmission& admission = pool.admission();
+  CHECK(admission.admit_outside(200 * MiB, nullptr) == OomClass::none);
+  CHECK(admission.outside() == 200 * MiB);
   AllocResult a = pool.allocate(60 * MiB);
   CHECK(a.ptr == 0);
   CHECK(a.oom == OomClass::limit);
-  REQUIRE(pool.allocate(50 * MiB).ptr != 0);  // 56 MiB left: a 50 MiB chunk
-  CHECK_FALSE(pool.try_charge_outside(10 * MiB));
   CHECK(sink.of(EventKind::oom).back().oom_class == OomClass::limit);
-  pool.uncharge_outside(200 * MiB);
-  CHECK(pool.try_charge_outside(150 * MiB));
-  pool.uncharge_outside(150 * MiB);
+  REQUIRE(pool.allocate(50 * MiB).ptr != 0);  // 56 MiB left: a 50 MiB chunk
+  CHECK(admission.admit_outside(10 * MiB, nullptr) == OomClass::limit);
+  admission.release_outside(200 * MiB);
+  CHECK(admission.admit_outside(150 * MiB, nullptr) == OomClass::none);
+  admission.release_outside(150 * MiB);
+  CHECK(admission.outside() == 0);
 
   // A wholly free chunk is given back rather than refusing an outside allocation.
   ContextPool pool2(with_limit(growth_config(128 * MiB, 128 * MiB), 256 * MiB), 0, up, nullptr);
   pool2.deallocate(pool2.allocate(MiB).ptr);
   CHECK(pool2.state().reserved == 128 * MiB);
-  CHECK(pool2.try_charge_outside(200 * MiB));
+  CHECK(pool2.admission().admit_outside(200 * MiB, nullptr) == OomClass::none);
   CHECK(pool2.state().reserved == 0);
 }
 
@@ -311,7 +313,7 @@ TEST_CASE("pool: mem_info reports the cap and what the process could still get",
     REQUIRE(pool.allocate(1 * MiB).ptr != 0);
     pool.mem_info(&free, &total);
     CHECK(free == 511 * MiB);  // (512 - 32) under the cap + 31 free in the pool
-    CHECK(pool.try_charge_outside(100 * MiB));
+    CHECK(pool.admission().admit_outside(100 * MiB, nullptr) == OomClass::none);
     pool.mem_info(&free, &total);
     CHECK(free == 411 * MiB);
     up.set_foreign_bytes(800 * MiB);  // the driver has only 1024 - 32 - 800 = 192 MiB
@@ -910,14 +912,14 @@ TEST_CASE("pool: an outside charge waits for a growth in flight instead of refus
   std::thread ta([&] { a = pool.allocate(MiB).ptr; });
   gate.wait_entered();  // 32 MiB in flight: a 40 MiB outside charge fits only if A's chunk...
   bool charged = false;
-  std::thread tb([&] { charged = pool.try_charge_outside(32 * MiB); });
+  std::thread tb([&] { charged = pool.admission().admit_outside(32 * MiB, nullptr) == OomClass::none; });
   for (int i = 0; i < 1000; ++i) std::this_thread::yield();
   gate.release();
   ta.join();
   tb.join();
   CHECK(a != 0);
   CHECK(charged);  // 32 MiB chunk + 32 MiB outside = the cap exactly
-  CHECK(pool.outside() == 32 * MiB);
+  CHECK(pool.admission().outside() == 32 * MiB);
 }
 
 TEST_CASE("pool: many threads at the edge of the cap are never refused while their memory fits", "[pool][cap]") {
@@ -1031,11 +1033,11 @@ TEST_CASE("pool: during a stream capture nothing is fenced, polled or waited for
 }
 
 // Issue 25: the cap is the device's, whichever context holds the memory. Two pools of one device
-// (two contexts) share one account; memory that names the device but no context charges it too.
-TEST_CASE("pool: pools of one device share its cap through one account", "[pool][account]") {
+// (two contexts) share one admission; memory that names the device but no context charges it too.
+TEST_CASE("pool: pools of one device share its cap through one admission", "[pool][account]") {
   SimUpstream up(4 * GiB);
   const Config cfg = with_limit(growth_config(32 * MiB, 32 * MiB), 96 * MiB);
-  DeviceAccount account(96 * MiB);
+  DeviceAdmission account(cfg, 0, 4 * GiB);
   ContextPool a(cfg, 0, up, nullptr, &account);
   ContextPool b(cfg, 0, up, nullptr, &account);
   REQUIRE(a.allocate(32 * MiB).ptr != 0);
@@ -1046,14 +1048,14 @@ TEST_CASE("pool: pools of one device share its cap through one account", "[pool]
   AllocResult refused = b.allocate(32 * MiB);
   CHECK(refused.ptr == 0);
   CHECK(refused.oom == OomClass::limit);
-  CHECK_FALSE(a.try_charge_outside(32 * MiB));
+  CHECK(account.admit_outside(32 * MiB, nullptr) == OomClass::limit);
   std::size_t free = 0, total = 0;
   a.mem_info(&free, &total);
   CHECK(total == 96 * MiB);
   CHECK(free == 16 * MiB);  // 96 less the 80 held on the device (a's chunk is wholly in use)
   account.add(-static_cast<std::int64_t>(16 * MiB));
-  CHECK(a.try_charge_outside(16 * MiB));
-  a.uncharge_outside(16 * MiB);
+  CHECK(account.admit_outside(16 * MiB, nullptr) == OomClass::none);
+  account.release_outside(16 * MiB);
   // A pool that goes gives its part of the account back.
   {
     ContextPool c(cfg, 0, up, nullptr, &account);

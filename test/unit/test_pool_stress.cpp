@@ -85,7 +85,8 @@ StressResult run_stress(ContextPool& pool, SimUpstream& up, int threads, int ops
           (void)pool.state();
         }
         if (t == 2 && i % 1500 == 0) {
-          if (pool.try_charge_outside(64 * MiB)) pool.uncharge_outside(64 * MiB);
+          if (pool.admission().admit_outside(64 * MiB, nullptr) == OomClass::none)
+            pool.admission().release_outside(64 * MiB);
         }
       }
       for (auto [p, size] : mine) {
