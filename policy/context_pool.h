@@ -154,6 +154,7 @@ class ContextPool final : public ThreadCacheOwner, public MemoryHolder {
   };
 
   static constexpr std::uint64_t kNever = ~std::uint64_t{0};  // no time yet (next_idle_check_, idle_before)
+  static constexpr std::size_t kMaxRequest = std::size_t{1} << 62;  // more than any cap
 
   std::uint64_t now() const { return clock_(clock_ctx_); }
   std::uint64_t charged() const { return reserved_locked() + transit_; }

@@ -1,5 +1,5 @@
-// Approximate human-readable sizes ("1.5 GiB") for messages and reports. (options.h's
-// format_size writes exact sizes that parse back, for configuration.)
+// Sizes: rounding to a multiple, and approximate human-readable sizes ("1.5 GiB") for messages
+// and reports. (options.h's format_size writes exact sizes that parse back, for configuration.)
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,9 @@
 #include <string>
 
 namespace cupool {
+
+constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
+constexpr std::uint64_t round_down(std::uint64_t v, std::uint64_t a) { return v / a * a; }
 
 inline std::string human_bytes(std::uint64_t bytes) {
   static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};

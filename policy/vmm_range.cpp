@@ -5,11 +5,9 @@
 #include <utility>
 #include <vector>
 
-namespace cupool {
+#include "units.h"
 
-namespace {
-constexpr std::uint64_t round_up(std::uint64_t v, std::uint64_t a) { return (v + a - 1) / a * a; }
-}  // namespace
+namespace cupool {
 
 std::uint64_t VmmRange::take(std::uint64_t bytes) {
   // Best fit keeps the range's free space in few large blocks: TLSF's good fit cut larger free
