@@ -92,6 +92,8 @@ class TraceWriter final : public PoolObserver {
   struct Ring;  // one per thread; trace_writer.cpp
 
  private:
+  static constexpr std::size_t kBufferSize = 256 * 1024;
+  static constexpr std::size_t kMaxLine = 2048;     // an event or drop line is always shorter
   explicit TraceWriter(const Config& config);
 
   Ring* register_thread();
