@@ -1,5 +1,6 @@
-// The effective configuration, parsed from CUPOOL_* variables by policy/options.cpp, whose one
-// table (kOptions) names every variable, its type, default, accepted values and meaning.
+// The effective configuration, parsed from CUPOOL_* variables by policy/options.cpp. Its fields
+// come from the one table of options (policy/options.def), which names every variable, its
+// field, default, accepted values, meaning and how the trace header records it.
 #pragma once
 
 #include <cstddef>
@@ -47,28 +48,11 @@ struct LimitSpec {
 // trace-on pair cost stays under half a microsecond on the H200 (docs/performance.md).
 inline constexpr std::uint32_t kTraceStacksOn = 64;
 
+// One field per option, with its default: policy/options.def (the variable's meaning is there).
 struct Config {
-  PolicyKind policy = PolicyKind::growth;
-  FreeMode free_mode = FreeMode::deferred;
-  LimitSpec limit;                                   // no value: no cap beyond the device
-  SizeSpec preallocate{0, 75.0};                     // preallocate policy: up-front reservation
-  bool preallocate_grow = false;                     // may preallocate grow past it (within the cap)?
-  std::uint64_t growth_chunk = 32ull << 20;          // first chunk; later chunks double...
-  std::uint64_t growth_chunk_max = 512ull << 20;     // ...up to this
-  std::optional<std::uint64_t> release_idle_ns;      // no value: never give chunks back while running
-  bool thread_cache = true;                          // per-thread caches in front of each pool
-  bool vmm_cache = true;                             // recycle whole VMM mappings (every pooling policy)
-  bool vmm_tight = false;                            // vmm: wait for fences before mapping past the mark
-  std::string trace_path;                            // empty: no trace; "%p" becomes the pid
-  std::uint64_t trace_flush_ns = 100'000'000;        // the writer flushes at least this often
-  std::uint32_t trace_buffer_events = 16384;         // per-thread buffer, in events
-  std::uint32_t trace_stacks = 0;                    // native stack of one allocation in N (0: none)
-  std::string log_level = "info";
-  // CUPOOL_SHARE*: a budget shared with the other processes on the node that name it.
-  std::string share;                                 // empty: none
-  LimitSpec share_limit;                             // the budget per device
-  std::uint64_t share_wait_ns = 0;                   // how long an allocation may wait for room
-  bool share_group = false;                          // the segment is the group's (0660), not the user's
+#define CUPOOL_OPTION(id, variable, type, field, default_value, ...) type field = default_value;
+#include "options.def"
+#undef CUPOOL_OPTION
   bool operator==(const Config&) const = default;
 };
 

@@ -442,72 +442,13 @@ std::optional<FreeMode> free_mode_named(std::string_view name) {
   return std::nullopt;
 }
 
-// clang-format off
 constexpr std::array<OptionInfo, kOptionCount> kOptions = {{
-  {Option::policy, "CUPOOL_POLICY", "enum", "growth", "growth, preallocate, passthrough, vmm",
-   "How device memory is managed: a pool that grows in chunks, one up-front reservation, no pool (trace only), or one virtual range per device with memory mapped behind it in granules (the driver's mapping granularity) as blocks need it, wholly free granules unmapped where the mapped bytes would pass the most ever in blocks by more than 1/40, and when memory is short or asked back (reserved follows in use).",
-   parse_policy},
-  {Option::free, "CUPOOL_FREE", "enum", "deferred", "sync, deferred",
-   "When freed memory may be reused: after a device synchronize at the free, as cudaFree does (the free waits for all device work), or once a fence placed after the free has retired (a free never waits; an allocation may wait for old fences when much is held).",
-   parse_free},
-  {Option::limit, "CUPOOL_LIMIT", "size or percent, per device", "none",
-   "a size (8GiB) or percent of device memory (50%); per device 0:8GiB,1:50%; an entry without a device prefix applies to the other devices (8GiB,1:4GiB)",
-   "The most device memory the process may hold on a device; beyond it allocations fail with out-of-memory.",
-   parse_limit},
-  {Option::preallocate, "CUPOOL_PREALLOCATE", "size or percent", "75%", "a size of at least 2MiB (12GiB) or percent of device memory (75%)",
-   "What the preallocate policy reserves on a device when it is first used (capped by CUPOOL_LIMIT).",
-   parse_preallocate},
-  {Option::preallocate_grow, "CUPOOL_PREALLOCATE_GROW", "bool", "false", "true, false (or 1, 0)",
-   "May the preallocate policy take more chunks once its reservation is full (within CUPOOL_LIMIT)?",
-   parse_preallocate_grow},
-  {Option::growth_chunk, "CUPOOL_GROWTH_CHUNK", "size", "32MiB", kSizeAccepted,
-   "The first chunk the growth policy takes from the driver; each later chunk doubles, up to CUPOOL_GROWTH_CHUNK_MAX.",
-   parse_growth_chunk},
-  {Option::growth_chunk_max, "CUPOOL_GROWTH_CHUNK_MAX", "size", "512MiB", kSizeAccepted,
-   "The largest growth chunk; when unset and smaller than CUPOOL_GROWTH_CHUNK, it is raised to it.",
-   parse_growth_chunk_max},
-  {Option::release, "CUPOOL_RELEASE", "duration", "never", "never, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
-   "Give a chunk back to the driver once it has been entirely free this long (growth and preallocate; the vmm policy unmaps its granules by its own rule).",
-   parse_release},
-  {Option::thread_cache, "CUPOOL_THREAD_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
-   "Keep each thread's freed blocks for its next allocation of the same size, without the pool's lock (given back to the pool before it grows or refuses). Off while CUPOOL_RELEASE is set.",
-   parse_thread_cache},
-  {Option::vmm_cache, "CUPOOL_VMM_CACHE", "bool", "on", "on, off (or true, false, 1, 0)",
-   "Keep whole virtual-memory mappings (cuMemCreate + cuMemAddressReserve + cuMemMap) the program frees and hand them back when it asks for the same size again, with no driver call (every policy but passthrough).",
-   parse_vmm_cache},
-  {Option::vmm_tight, "CUPOOL_VMM_TIGHT", "bool", "off", "on, off (or true, false, 1, 0)",
-   "The vmm policy's tightest reserved / in use, at a cost in step time: before it maps past its mark, an allocation waits for the device to finish with granules that deferred frees left idle, so that they are unmapped first. Off: it maps at once, and those granules are unmapped once their fences have retired (docs/policies.md).",
-   parse_vmm_tight},
-  {Option::share, "CUPOOL_SHARE", "name", "unset (no shared budget)", "1 to 64 letters, digits, '-', '_' or '.'",
-   "Draw device memory from a budget shared by every process on the node that names it (CUPOOL_SHARE_LIMIT); the process's own CUPOOL_LIMIT still holds.",
-   parse_share},
-  {Option::share_limit, "CUPOOL_SHARE_LIMIT", "size or percent, per device", "none",
-   "as CUPOOL_LIMIT: 60GiB, 50%, 0:60GiB,1:40GiB",
-   "The shared budget per device; every member of a budget gives the same value.",
-   parse_share_limit},
-  {Option::share_wait, "CUPOOL_SHARE_WAIT", "duration", "0", "0, or a duration: a number with ns, us, ms, s, m (or min), h (30s, 500ms, 2m)",
-   "How long an allocation that does not fit in the shared budget waits for other members to give memory back before it fails with out-of-memory (class share).",
-   parse_share_wait},
-  {Option::share_access, "CUPOOL_SHARE_ACCESS", "enum", "user", "user, group",
-   "Who may join the budget: processes of the same user (the segment is 0600), or of the same group (0660).",
-   parse_share_access},
-  {Option::trace, "CUPOOL_TRACE", "path", "unset (no trace)", "a file path; %p becomes the process id, %% a single %",
-   "Write a JSON Lines trace of every device allocation to this file (docs/trace-format.md).",
-   parse_trace},
-  {Option::trace_flush_ms, "CUPOOL_TRACE_FLUSH_MS", "integer (ms)", "100", "a whole number of milliseconds from 1 to 60000",
-   "The trace is written to the file at least this often, and when the process exits.",
-   parse_trace_flush_ms},
-  {Option::trace_buffer, "CUPOOL_TRACE_BUFFER", "integer (events)", "16384", "a whole number from 16 to 4194304 (rounded up to a power of two)",
-   "Trace events buffered per thread; when a thread's buffer is full, its events are counted as dropped.",
-   parse_trace_buffer},
-  {Option::trace_stacks, "CUPOOL_TRACE_STACKS", "sampling", "off", "off, on (one allocation in 64), all, or a whole number N from 1 to 1000000 (one allocation in N)",
-   "Record the native call stack of allocations in the trace, chosen at random: one in N (cupool report shows them beside the largest allocations; export --memory-viz carries them as frames). Each stack costs microseconds (docs/performance.md).",
-   parse_trace_stacks},
-  {Option::log_level, "CUPOOL_LOG_LEVEL", "enum", "info", "trace, debug, info, warn, error, off",
-   "The least severe message cupool writes to stderr.",
-   parse_log_level},
+#define CUPOOL_OPTION(id, variable, type, field, default_value, json_key, json_codec, json_presence, type_text, \
+                      default_text, accepted, meaning, parser)                                             \
+  {Option::id, variable, type_text, default_text, accepted, meaning, parser},
+#include "options.def"
+#undef CUPOOL_OPTION
 }};
-// clang-format on
 static_assert(
     [] {
       for (std::size_t i = 0; i < kOptionCount; ++i)

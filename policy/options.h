@@ -24,12 +24,12 @@ namespace cupool {
 // empty when "not one of the accepted values" says it all).
 using OptionParser = std::optional<std::string> (*)(std::string_view value, Config& out);
 
-// The options, in the order of kOptions' rows (each row names its own): the table's size comes
-// from here, and a row missing, extra or out of order does not compile (options.cpp).
+// The options, one per row of policy/options.def, in its order: kOptions, Config's fields and the
+// trace header's keys come from the same rows.
 enum class Option : std::uint8_t {
-  policy, free, limit, preallocate, preallocate_grow, growth_chunk, growth_chunk_max, release, thread_cache,
-  vmm_cache, vmm_tight, share, share_limit, share_wait, share_access, trace, trace_flush_ms, trace_buffer, trace_stacks,
-  log_level,
+#define CUPOOL_OPTION(id, ...) id,
+#include "options.def"
+#undef CUPOOL_OPTION
   count
 };
 inline constexpr std::size_t kOptionCount = static_cast<std::size_t>(Option::count);

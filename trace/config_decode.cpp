@@ -3,6 +3,9 @@
 #include "config_decode.h"
 
 #include <charconv>
+#include <cstdint>
+#include <optional>
+#include <string>
 
 #include "options.h"
 
@@ -44,72 +47,96 @@ bool decode_limit(const nlohmann::json& l, LimitSpec* out) {
   }
   return true;
 }
+// The codecs of options.def's rows, read back: false when the value is not one.
+bool read_policy_name(const nlohmann::json& v, PolicyKind* out) {
+  if (!v.is_string()) return false;
+  const auto p = policy_named(v.get<std::string>());
+  if (p) *out = *p;
+  return p.has_value();
+}
+bool read_free_name(const nlohmann::json& v, FreeMode* out) {
+  if (!v.is_string()) return false;
+  const auto m = free_mode_named(v.get<std::string>());
+  if (m) *out = *m;
+  return m.has_value();
+}
+bool read_limit(const nlohmann::json& v, LimitSpec* out) { return decode_limit(v, out); }
+bool read_size(const nlohmann::json& v, SizeSpec* out) { return decode_size(v, out); }
+bool read_boolean(const nlohmann::json& v, bool* out) {
+  if (!v.is_boolean()) return false;
+  *out = v.get<bool>();
+  return true;
+}
+bool read_u64(const nlohmann::json& v, std::uint64_t* out) {
+  if (!v.is_number_unsigned()) return false;
+  *out = v.get<std::uint64_t>();
+  return true;
+}
+bool read_u32(const nlohmann::json& v, std::uint32_t* out) {
+  std::uint64_t n = 0;
+  if (!read_u64(v, &n) || n > UINT32_MAX) return false;
+  *out = static_cast<std::uint32_t>(n);
+  return true;
+}
+bool read_stacks(const nlohmann::json& v, std::uint32_t* out) {  // format 3.3 on
+  std::uint64_t n = 0;
+  if (!read_u64(v, &n) || n > 1'000'000) return false;
+  *out = static_cast<std::uint32_t>(n);
+  return true;
+}
+bool read_u64_or_null(const nlohmann::json& v, std::optional<std::uint64_t>* out) {
+  if (v.is_null()) {
+    out->reset();
+    return true;
+  }
+  std::uint64_t n = 0;
+  if (!read_u64(v, &n)) return false;
+  *out = n;
+  return true;
+}
+bool read_text(const nlohmann::json& v, std::string* out) {
+  if (!v.is_string()) return false;
+  *out = v.get<std::string>();
+  return true;
+}
+bool read_access(const nlohmann::json& v, bool* group) {
+  if (!v.is_string() || (v != "user" && v != "group")) return false;
+  *group = v == "group";
+  return true;
+}
+
+enum class Presence { required, since, share, lenient };
+constexpr Presence required = Presence::required, since = Presence::since, share = Presence::share,
+                   lenient = Presence::lenient;
+
 }  // namespace
 
+// Every row of options.def, by its presence rule: required in every trace; added later (absent:
+// the default, which was the behaviour before); the shared budget's (format 3.0 on: all present
+// with "share", or none); lenient (absent or unreadable: the default).
 std::optional<Config> decode_config(const nlohmann::json& j, std::string* why) {
   auto fail = [&](const std::string& what) -> std::optional<Config> {
     if (why) *why = "configuration: " + what;
     return std::nullopt;
   };
   if (!j.is_object()) return fail("not an object");
-  auto u64 = [&](const char* key, std::uint64_t* out) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_number_unsigned()) return false;
-    *out = it->get<std::uint64_t>();
-    return true;
-  };
-  auto boolean = [&](const char* key, bool* out) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_boolean()) return false;
-    *out = it->get<bool>();
-    return true;
-  };
-  auto text = [&](const char* key, std::string* out) {
-    auto it = j.find(key);
-    if (it == j.end() || !it->is_string()) return false;
-    *out = it->get<std::string>();
-    return true;
-  };
+  const bool with_share = j.contains("share");
   Config c;
-  std::string name;
-  if (!text("policy", &name)) return fail("no \"policy\"");
-  if (auto p = policy_named(name)) c.policy = *p;
-  else return fail("unknown policy \"" + name + "\"");
-  if (!text("free", &name)) return fail("no \"free\"");
-  if (auto m = free_mode_named(name)) c.free_mode = *m;
-  else return fail("unknown free mode \"" + name + "\"");
-  const auto limit = j.find("limit");
-  if (limit == j.end()) return fail("no \"limit\"");
-  if (!decode_limit(*limit, &c.limit)) return fail("bad \"limit\"");
-  if (auto p = j.find("preallocate"); p == j.end() || !decode_size(*p, &c.preallocate)) return fail("bad \"preallocate\"");
-  if (!boolean("preallocate_grow", &c.preallocate_grow)) return fail("bad \"preallocate_grow\"");
-  if (!u64("growth_chunk", &c.growth_chunk) || !u64("growth_chunk_max", &c.growth_chunk_max))
-    return fail("bad \"growth_chunk\" or \"growth_chunk_max\"");
-  if (auto r = j.find("release_idle_ns"); r != j.end() && r->is_number_unsigned()) {
-    c.release_idle_ns = r->get<std::uint64_t>();
-  } else if (r == j.end() || !r->is_null()) {
-    return fail("bad \"release_idle_ns\"");
+#define CUPOOL_OPTION(id, variable, type, field, default_value, json_key, json_codec, json_presence, ...) \
+  {                                                                                                      \
+    constexpr Presence presence = json_presence;                                                         \
+    const auto it = j.find(json_key);                                                                    \
+    const bool wanted = presence == Presence::required || (presence == Presence::share && with_share);   \
+    if (it == j.end()) {                                                                                 \
+      if (wanted) return fail("no \"" json_key "\"");                                                  \
+    } else if (presence != Presence::share || with_share) {                                              \
+      type value = c.field;                                                                              \
+      if (read_##json_codec(*it, &value)) c.field = value;                                               \
+      else if (presence != Presence::lenient) return fail("bad \"" json_key "\": " + it->dump().substr(0, 80)); \
+    }                                                                                                    \
   }
-  // Keys added after format 2.0: absent in older traces, which had these defaults' behaviour.
-  if (j.contains("thread_cache") && !boolean("thread_cache", &c.thread_cache)) return fail("bad \"thread_cache\"");
-  if (j.contains("vmm_cache") && !boolean("vmm_cache", &c.vmm_cache)) return fail("bad \"vmm_cache\"");
-  if (j.contains("vmm_tight") && !boolean("vmm_tight", &c.vmm_tight)) return fail("bad \"vmm_tight\"");
-  text("trace", &c.trace_path);
-  u64("trace_flush_ns", &c.trace_flush_ns);
-  if (std::uint64_t events = 0; u64("trace_buffer_events", &events)) c.trace_buffer_events = static_cast<std::uint32_t>(events);
-  if (std::uint64_t n = 0; u64("trace_stacks", &n) && n <= 1'000'000) c.trace_stacks = static_cast<std::uint32_t>(n);  // 3.3 on
-  text("log_level", &c.log_level);
-  // The shared budget (format 3.0 on): absent before.
-  if (j.contains("share")) {
-    if (!text("share", &c.share)) return fail("bad \"share\"");
-    if (!u64("share_wait_ns", &c.share_wait_ns)) return fail("bad \"share_wait_ns\"");
-    std::string access;
-    if (!text("share_access", &access) || (access != "user" && access != "group")) return fail("bad \"share_access\"");
-    c.share_group = access == "group";
-    const auto sl = j.find("share_limit");
-    if (sl == j.end()) return fail("no \"share_limit\"");
-    if (!decode_limit(*sl, &c.share_limit)) return fail("bad \"share_limit\"");
-  }
+#include "options.def"
+#undef CUPOOL_OPTION
   return c;
 }
 

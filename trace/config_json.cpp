@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <iterator>
+
 #include "options.h"
 #include "quoted_string.h"
 
@@ -34,31 +36,33 @@ void append_limit_json(std::string& out, const LimitSpec& l) {
   out += "}}";
 }
 
+// The codecs of options.def's rows: how each kind of field is written.
+void write_policy_name(std::string& out, PolicyKind p) { fmt::format_to(std::back_inserter(out), "\"{}\"", policy_name(p)); }
+void write_free_name(std::string& out, FreeMode m) { fmt::format_to(std::back_inserter(out), "\"{}\"", free_mode_name(m)); }
+void write_limit(std::string& out, const LimitSpec& l) { append_limit_json(out, l); }
+void write_size(std::string& out, const SizeSpec& s) { append_size_json(out, s); }
+void write_boolean(std::string& out, bool b) { out += b ? "true" : "false"; }
+void write_u64(std::string& out, std::uint64_t v) { fmt::format_to(std::back_inserter(out), "{}", v); }
+void write_u32(std::string& out, std::uint32_t v) { write_u64(out, v); }
+void write_stacks(std::string& out, std::uint32_t v) { write_u64(out, v); }
+void write_u64_or_null(std::string& out, const std::optional<std::uint64_t>& v) {
+  if (v) write_u64(out, *v);
+  else out += "null";
+}
+void write_text(std::string& out, const std::string& s) { append_quoted(out, s); }
+void write_access(std::string& out, bool group) { out += group ? "\"group\"" : "\"user\""; }
+
 }  // namespace
 
+// Every row of options.def, in its order: "key": value.
 std::string config_json(const Config& c) {
-  std::string out = "{\"policy\":\"";
-  out += policy_name(c.policy);
-  out += "\",\"free\":\"";
-  out += free_mode_name(c.free_mode);
-  out += "\",\"limit\":";
-  append_limit_json(out, c.limit);
-  out += ",\"preallocate\":";
-  append_size_json(out, c.preallocate);
-  out += fmt::format(",\"preallocate_grow\":{},\"growth_chunk\":{},\"growth_chunk_max\":{},\"release_idle_ns\":",
-                     c.preallocate_grow, c.growth_chunk, c.growth_chunk_max);
-  out += c.release_idle_ns ? fmt::format("{}", *c.release_idle_ns) : std::string("null");
-  out += fmt::format(",\"thread_cache\":{},\"vmm_cache\":{},\"vmm_tight\":{}", c.thread_cache, c.vmm_cache, c.vmm_tight);
-  out += ",\"trace\":";
-  append_quoted(out, c.trace_path);
-  out += fmt::format(",\"trace_flush_ns\":{},\"trace_buffer_events\":{},\"trace_stacks\":{},\"log_level\":",
-                     c.trace_flush_ns, c.trace_buffer_events, c.trace_stacks);
-  append_quoted(out, c.log_level);
-  out += ",\"share\":";
-  append_quoted(out, c.share);
-  out += ",\"share_limit\":";
-  append_limit_json(out, c.share_limit);
-  out += fmt::format(",\"share_wait_ns\":{},\"share_access\":\"{}\"", c.share_wait_ns, c.share_group ? "group" : "user");
+  std::string out = "{";
+#define CUPOOL_OPTION(id, variable, type, field, default_value, json_key, json_codec, ...) \
+  if (out.size() > 1) out += ',';                                                        \
+  out += "\"" json_key "\":";                                                              \
+  write_##json_codec(out, c.field);
+#include "options.def"
+#undef CUPOOL_OPTION
   out += '}';
   return out;
 }

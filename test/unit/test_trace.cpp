@@ -382,6 +382,52 @@ TEST_CASE("the recorded configuration decodes to the configuration that was enco
   CHECK_FALSE(decode_config(nlohmann::json::parse("[]"), &why));
 }
 
+// One option, one line (policy/options.def): every row is a key of the header, and the decoder
+// keeps each row's presence rule.
+TEST_CASE("the header's configuration has one key per option, each decoded by its row's rule", "[trace][config]") {
+  const Config defaults;
+  const nlohmann::json j = nlohmann::json::parse(config_json(defaults));
+  CHECK(j.size() == kOptionCount);
+  std::vector<std::string> keys;
+#define CUPOOL_OPTION(id, variable, type, field, default_value, json_key, ...) keys.push_back(json_key);
+#include "options.def"
+#undef CUPOOL_OPTION
+  REQUIRE(keys.size() == kOptionCount);
+  for (const std::string& key : keys) {
+    INFO(key);
+    CHECK(j.contains(key));
+    nlohmann::json without = j;
+    without.erase(key);
+    std::string why;
+    const auto back = decode_config(without, &why);
+    // Required keys are in every trace since 1.0; the others were added later (or are the
+    // shared budget's, present together), and their absence means the default.
+    const bool required = key == "policy" || key == "free" || key == "limit" || key == "preallocate" ||
+                          key == "preallocate_grow" || key == "growth_chunk" || key == "growth_chunk_max" ||
+                          key == "release_idle_ns" || (key.rfind("share_", 0) == 0);
+    if (required) {
+      CHECK_FALSE(back.has_value());
+      CHECK(why.find(key) != std::string::npos);
+    } else {
+      REQUIRE(back.has_value());
+      CHECK(*back == defaults);
+    }
+  }
+  // A value of the wrong kind is refused, named, and cut short in the message.
+  nlohmann::json bad = j;
+  bad["growth_chunk"] = std::string(1000, 'x');
+  std::string why;
+  CHECK_FALSE(decode_config(bad, &why).has_value());
+  CHECK(why.find("growth_chunk") != std::string::npos);
+  CHECK(why.size() < 200);
+  // Lenient keys (the trace's own settings) fall back to the default.
+  bad = j;
+  bad["trace_buffer_events"] = -5;
+  const auto lenient = decode_config(bad, &why);
+  REQUIRE(lenient.has_value());
+  CHECK(lenient->trace_buffer_events == defaults.trace_buffer_events);
+}
+
 TEST_CASE("an event the VMM mapping cache served says \"recycled\":true; others have no such key", "[trace]") {
   TempDir dir;
   auto w = open_writer(trace_config(dir.path + "/t.jsonl"));
