@@ -20,10 +20,13 @@ enum class UpstreamStatus : std::uint8_t {
 // memory freed before it was placed may be reused. 0 means "no fence".
 using FenceId = std::uint64_t;
 
-class Upstream {
- public:
-  virtual ~Upstream() = default;
+// What a pool needs of the device, split by concern: memory (chunks), device work (sync, fences,
+// captures), and virtual memory (the vmm policy's range and granules). An upstream is all three.
 
+// Device memory in chunks.
+class UpstreamMemory {
+ public:
+  virtual ~UpstreamMemory() = default;
   // Take device memory (a chunk): `bytes` if there is room for them, else anything down to
   // `min_bytes` (<= bytes), as RMM's try_to_expand(try, min): how to get it is the upstream's
   // business (reserve_at_least below is the shape they share). On success writes its base
@@ -33,13 +36,16 @@ class Upstream {
                                  int* driver_code) = 0;
   // Give a whole chunk back. Called only with a base and the size that reserve() gave.
   virtual void release(std::uint64_t base, std::size_t bytes) = 0;
-
   // Total device memory and what the driver reports free, for memory info and percentages.
   virtual void device_memory(std::size_t* total, std::size_t* free) = 0;
+};
 
+// The device's work, as far as reusing freed memory depends on it.
+class UpstreamWork {
+ public:
+  virtual ~UpstreamWork() = default;
   // Wait for all device work issued so far (what cudaFree itself does).
   virtual void synchronize() = 0;
-
   // Deferred frees. True once the process has created any stream of its own: before that,
   // all work runs in one stream and stream order alone makes reuse safe.
   virtual bool needs_fences() = 0;
@@ -49,17 +55,20 @@ class Upstream {
   virtual bool fence_retired(FenceId fence) = 0;
   // Blocking: wait until the fence retires (then it is forgotten).
   virtual void wait_fence(FenceId fence) = 0;
-
   // A stream capture (a CUDA graph being recorded) is in progress. Placing, polling or waiting
   // for fences now could invalidate it (the driver forbids querying or synchronizing a capturing
   // stream, and, in its stricter modes, most queries at all), so the pool does none of these
   // until it ends. synchronize() stays usable: the driver's upstream then waits only for work
   // that is not being captured, as the driver's own cudaFree does there.
   virtual bool capturing() { return false; }
+};
 
-  // ---- Virtual memory: what the vmm policy needs (docs/design.md, "The vmm policy"). Optional:
-  // an upstream without it answers 0 to vmm_granularity() and the pool grows in chunks instead.
-  // Every address and size below is a multiple of the granularity.
+// Virtual memory: what the vmm policy needs (docs/design.md, "The vmm policy"). Optional: an
+// upstream without it answers 0 to vmm_granularity() and the pool grows in chunks instead.
+// Every address and size below is a multiple of the granularity.
+class UpstreamMappings {
+ public:
+  virtual ~UpstreamMappings() = default;
   virtual std::size_t vmm_granularity() { return 0; }
   // Why vmm_granularity() is 0, in words (for the one line that says the vmm policy grows in
   // chunks instead).
@@ -77,6 +86,8 @@ class Upstream {
   // device work: the caller makes sure none still uses it.
   virtual void unmap(std::uint64_t /*va*/, std::size_t /*bytes*/) {}
 };
+
+class Upstream : public UpstreamMemory, public UpstreamWork, public UpstreamMappings {};
 
 // How an upstream serves reserve(bytes, min_bytes, ...): it asks for `bytes`, then, where there
 // was no room for them (the device's, or a budget's), for `min_bytes`. ask(n, last) asks for
