@@ -176,18 +176,31 @@ ContextPool::Grow ContextPool::add_reserved(std::uint64_t base, std::size_t size
   return {sub_.allocate(bytes), OomClass::none, 0};
 }
 
+namespace {
+
+// Memory the shared budget admitted first (waiting for room if `may_wait`), then taken from the
+// driver by `take`; given back to the budget if the driver refuses. The budget's refusal is its
+// own status (the pool's out-of-memory class share).
+template <class Take>
+UpstreamStatus admitted(DeviceAdmission& admission, std::size_t bytes, bool may_wait, AdmissionWait* wait,
+                        int* driver_code, Take take) {
+  if (!admission.admit_shared(bytes, may_wait, wait)) {
+    *driver_code = 0;
+    return UpstreamStatus::share_exhausted;
+  }
+  const UpstreamStatus st = take();
+  if (st != UpstreamStatus::ok) admission.release_shared(bytes);
+  return st;
+}
+
+}  // namespace
+
 UpstreamStatus ContextPool::take_chunk(std::size_t bytes, std::size_t min_bytes, std::uint64_t* base,
                                        std::size_t* got, int* driver_code, AdmissionWait* wait) {
   if (admission_->share() == nullptr) return up_.reserve(bytes, min_bytes, base, got, driver_code);
   const UpstreamStatus st = reserve_at_least(bytes, min_bytes, got, [&](std::size_t n, bool last) {
-    if (!admission_->admit_shared(n, last, wait)) {
-      *driver_code = 0;
-      return UpstreamStatus::share_exhausted;
-    }
     std::size_t exact = 0;
-    const UpstreamStatus s = up_.reserve(n, n, base, &exact, driver_code);
-    if (s != UpstreamStatus::ok) admission_->release_shared(n);
-    return s;
+    return admitted(*admission_, n, last, wait, driver_code, [&] { return up_.reserve(n, n, base, &exact, driver_code); });
   });
   admission_->publish();
   return st;
@@ -199,13 +212,8 @@ void ContextPool::give_chunk(std::uint64_t base, std::size_t bytes) {
 }
 
 UpstreamStatus ContextPool::map_granules(std::uint64_t va, std::size_t bytes, int* driver_code, AdmissionWait* wait) {
-  if (!admission_->admit_shared(bytes, true, wait)) {
-    *driver_code = 0;
-    admission_->publish();
-    return UpstreamStatus::share_exhausted;
-  }
-  const UpstreamStatus st = up_.map(va, bytes, driver_code);
-  if (st != UpstreamStatus::ok) admission_->release_shared(bytes);
+  const UpstreamStatus st =
+      admitted(*admission_, bytes, true, wait, driver_code, [&] { return up_.map(va, bytes, driver_code); });
   admission_->publish();
   return st;
 }

@@ -9,7 +9,6 @@
 
 #include "log.h"
 #include "thread_id.h"
-#include "units.h"
 
 namespace cupool {
 
